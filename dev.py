@@ -1,0 +1,63 @@
+#!/usr/bin/env python3
+"""Developer entry point that needs nothing but Python 3.11+ and pip.
+
+    python3 dev.py demo     # create .venv if needed, then run `harness demo`
+    python3 dev.py test     # create .venv if needed, then ruff, mypy --strict and pytest
+    python3 dev.py bench    # `harness bench` with any extra arguments
+
+The virtual environment lives in `.venv/` next to this file and is rebuilt when
+`pyproject.toml` changes (a stamp file records the hash it was built from).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+import venv
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent
+VENV = ROOT / ".venv"
+BIN = VENV / ("Scripts" if os.name == "nt" else "bin")
+PY = BIN / ("python.exe" if os.name == "nt" else "python")
+STAMP = VENV / ".trio-harness-stamp"
+
+
+def _ensure_venv() -> None:
+    digest = hashlib.sha256((ROOT / "pyproject.toml").read_bytes()).hexdigest()
+    if PY.exists() and STAMP.exists() and STAMP.read_text() == digest:
+        return
+    if not PY.exists():
+        print(f"dev.py: creating virtual environment in {VENV}", flush=True)
+        venv.EnvBuilder(with_pip=True).create(VENV)
+    _run([str(PY), "-m", "pip", "install", "--quiet", "--upgrade", "pip"])
+    _run([str(PY), "-m", "pip", "install", "--quiet", "-e", f"{ROOT}[test,lint]"])
+    STAMP.write_text(digest)
+
+
+def _run(cmd: list[str]) -> None:
+    print("+ " + " ".join(cmd), flush=True)
+    completed = subprocess.run(cmd, cwd=ROOT)
+    if completed.returncode != 0:
+        sys.exit(completed.returncode)
+
+
+def main(argv: list[str]) -> None:
+    if not argv or argv[0] not in {"demo", "test", "bench"}:
+        sys.exit(__doc__)
+    _ensure_venv()
+    command, rest = argv[0], argv[1:]
+    if command == "demo":
+        _run([str(BIN / "harness"), "demo", *rest])
+    elif command == "bench":
+        _run([str(BIN / "harness"), "bench", *rest])
+    else:
+        _run([str(BIN / "ruff"), "check", "actors", "harness", "tests"])
+        _run([str(PY), "-m", "mypy"])
+        _run([str(PY), "-m", "pytest", "-q", *rest])
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,28 @@
+"""The `harness` command: `harness demo`, `harness bench`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="harness", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    demo = sub.add_parser("demo", help="a short walk through a session")
+    demo.add_argument("--root", default=None, help="directory for session logs (default: a fresh temporary one)")
+    bench = sub.add_parser("bench", help="run benchmark workloads")
+    bench.add_argument("workloads", nargs="*", help="workload ids (default: all), e.g. W4 W6")
+    bench.add_argument("--n", type=int, default=100_000, help="events per workload (default 100000)")
+    bench.add_argument("--runs", type=int, default=5, help="runs per workload; the median is reported")
+    bench.add_argument("--json", action="store_true", help="print machine-readable JSON")
+    args = parser.parse_args(argv)
+    if args.command == "bench":
+        from harness.bench import run_bench
+
+        if args.n < 100 or args.runs < 1:
+            parser.error("--n must be >= 100 and --runs >= 1")
+        sys.exit(run_bench(args.workloads, n=args.n, runs=args.runs, as_json=args.json))
+    from harness.demo import run_demo
+
+    sys.exit(run_demo(root=args.root))

@@ -1,0 +1,172 @@
+"""The one exception hierarchy of trio-harness.
+
+Every error the library raises on purpose derives from :class:`HarnessError` and
+carries a stable :attr:`~HarnessError.code`. Messages match the TypeScript
+original's text wherever it has one, so logs of both implementations compare.
+Low-level errors (``OSError``, ``sqlite3.Error``) are translated where they cross
+the public API, with the original chained as ``__cause__``.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+
+class HarnessError(Exception):
+    """Root of every error raised by trio-harness.
+
+    ``code`` is stable across releases and suitable for programmatic matching;
+    ``session_id`` names the session at fault when one is known.
+    """
+
+    code: ClassVar[str] = "HARNESS_ERROR"
+
+    def __init__(self, message: str, *, session_id: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.session_id = session_id
+
+    def __str__(self) -> str:
+        return self.message
+
+
+# --- the pure session core -------------------------------------------------------------
+
+
+class SessionError(HarnessError):
+    """A session-core rule refused an input (bad event, bad header, bad surface op)."""
+
+    code = "SESSION_INVALID"
+
+
+class NotJsonError(SessionError):
+    """A value is not lossless JSON (see :mod:`harness.session.json`)."""
+
+    code = "NOT_JSON"
+
+
+class EventError(SessionError):
+    """An event envelope, seed or appended event is malformed."""
+
+    code = "INVALID_EVENT"
+
+
+class SurfaceError(SessionError):
+    """A surface operation (append/replace, provenance) broke a surface rule."""
+
+    code = "INVALID_SURFACE"
+
+
+class HeaderError(SessionError):
+    """A session header failed validation."""
+
+    code = "INVALID_HEADER"
+
+
+class InvariantError(SessionError):
+    """A relational invariant (turn/step/tool-call structure) vetoed an append."""
+
+    code = "INVARIANT_VIOLATED"
+
+    PREFIX: ClassVar[str] = 'invariant violated by "@deepseek-ai/dsh-session": '
+
+    def __init__(self, detail: str, *, session_id: str | None = None) -> None:
+        super().__init__(self.PREFIX + detail, session_id=session_id)
+        self.detail = detail
+
+
+class StorageRowError(SessionError):
+    """A packed chunk storage row is malformed."""
+
+    code = "MALFORMED_STORAGE_ROW"
+
+
+# --- the store and fork ----------------------------------------------------------------
+
+
+class StoreError(HarnessError):
+    """A store operation was refused."""
+
+    code = "STORE_ERROR"
+
+
+class SessionNotFoundError(StoreError):
+    code = "SESSION_NOT_FOUND"
+
+
+class SessionNotLiveError(StoreError):
+    code = "SESSION_NOT_LIVE"
+
+
+class SessionAlreadyExistsError(StoreError):
+    code = "SESSION_ALREADY_EXISTS"
+
+
+class SessionAlreadyAnnouncedError(StoreError):
+    code = "SESSION_ALREADY_ANNOUNCED"
+
+
+class SessionAttachedError(StoreError):
+    code = "SESSION_ALREADY_ATTACHED"
+
+
+class ReentrantAppendError(StoreError):
+    code = "REENTRANT_APPEND"
+
+
+class ForkError(StoreError):
+    """Fork refused. ``code`` is one of the reference's fork codes."""
+
+    code = "FORK_ERROR"
+
+
+class InvalidBoundaryError(ForkError):
+    code = "INVALID_BOUNDARY"
+
+
+class OpenTurnError(ForkError):
+    code = "OPEN_TURN"
+
+
+class ForkSourceNotFoundError(ForkError, SessionNotFoundError):
+    code = "SESSION_NOT_FOUND"
+
+
+class ForkSourceNotLiveError(ForkError, SessionNotLiveError):
+    code = "SESSION_NOT_LIVE"
+
+
+class ForkChildExistsError(ForkError, SessionAlreadyExistsError):
+    code = "SESSION_ALREADY_EXISTS"
+
+
+class SurfaceChangedError(StoreError):
+    """A compaction commit found the surface changed since the summary was computed."""
+
+    code = "SURFACE_CHANGED"
+
+
+__all__ = [
+    "EventError",
+    "ForkChildExistsError",
+    "ForkError",
+    "ForkSourceNotFoundError",
+    "ForkSourceNotLiveError",
+    "HarnessError",
+    "HeaderError",
+    "InvalidBoundaryError",
+    "InvariantError",
+    "NotJsonError",
+    "OpenTurnError",
+    "ReentrantAppendError",
+    "SessionAlreadyAnnouncedError",
+    "SessionAlreadyExistsError",
+    "SessionAttachedError",
+    "SessionError",
+    "SessionNotFoundError",
+    "SessionNotLiveError",
+    "StorageRowError",
+    "StoreError",
+    "SurfaceChangedError",
+    "SurfaceError",
+]

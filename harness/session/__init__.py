@@ -1,0 +1,84 @@
+"""The pure, synchronous session core: events, lossless JSON, header, surface, repair.
+
+Nothing here imports Trio: everything that can be decided synchronously is a plain
+function or class, testable without an event loop.
+"""
+
+from harness.session._derive import EventLog, MessageList, derive_event_message
+from harness.session._events import (
+    APPEND,
+    CORE_EVENT_TYPES,
+    END_SEED,
+    KNOWN_EVENT_TYPES,
+    SURFACE_TYPES,
+    Event,
+    ReplaceOp,
+    SurfaceOp,
+    event_to_record,
+)
+from harness.session._header import SESSION_FORMAT_VERSION, SessionHeader
+from harness.session._invariants import RelationalInvariants, Trace
+from harness.session._json import (
+    FrozenDict,
+    FrozenList,
+    JsonValue,
+    adopt,
+    freeze,
+    is_json,
+    raw_of,
+    thaw,
+)
+from harness.session._repair import interrupted_turn_closers
+from harness.session._request_header import canonical_header, fold_request_header, header_equals
+from harness.session._session import (
+    AppendPlan,
+    AppendValidator,
+    EventDraft,
+    Session,
+    decode_records,
+    gc_paused,
+    wall_clock_ms,
+)
+from harness.session._surface import Replacement, SurfaceFold, SurfaceNodes, fold_surface
+
+__all__ = [
+    "APPEND",
+    "CORE_EVENT_TYPES",
+    "END_SEED",
+    "KNOWN_EVENT_TYPES",
+    "SESSION_FORMAT_VERSION",
+    "SURFACE_TYPES",
+    "AppendPlan",
+    "AppendValidator",
+    "Event",
+    "EventDraft",
+    "EventLog",
+    "FrozenDict",
+    "FrozenList",
+    "JsonValue",
+    "MessageList",
+    "RelationalInvariants",
+    "ReplaceOp",
+    "Replacement",
+    "Session",
+    "SessionHeader",
+    "SurfaceFold",
+    "SurfaceNodes",
+    "SurfaceOp",
+    "Trace",
+    "adopt",
+    "canonical_header",
+    "decode_records",
+    "derive_event_message",
+    "event_to_record",
+    "fold_request_header",
+    "fold_surface",
+    "freeze",
+    "gc_paused",
+    "header_equals",
+    "interrupted_turn_closers",
+    "is_json",
+    "raw_of",
+    "thaw",
+    "wall_clock_ms",
+]

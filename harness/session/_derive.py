@@ -1,0 +1,136 @@
+"""Projection of surface events to model messages (reference §5), and O(1) views."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from itertools import islice
+from typing import Any, Generic, TypeVar, overload
+
+from harness.session._events import ASSISTANT_MESSAGE, TOOL_RESULT, USER_MESSAGE, Event
+from harness.session._json import ARRAY, FrozenDict
+
+T = TypeVar("T")
+
+
+def derive_event_message(event: Event) -> FrozenDict | None:
+    """The model message an event contributes, or ``None`` (pure; ignores surfaceOp).
+
+    ``user/message`` -> its data; ``assistant/message`` -> ``data.message`` unless its
+    content is empty; ``tool/result`` -> ``data.message``; anything else -> ``None``.
+    The result shares the event's frozen tree.
+    """
+    t = event.type
+    data = event.data
+    if t == USER_MESSAGE:
+        return data if type(data) is FrozenDict else None
+    if t in (ASSISTANT_MESSAGE, TOOL_RESULT):
+        if type(data) is not FrozenDict:
+            return None
+        message = data.get("message")
+        if type(message) is not FrozenDict:
+            return None
+        if t == ASSISTANT_MESSAGE:
+            content = message._raw.get("content")
+            if type(content) in ARRAY and not content:
+                return None
+        return message
+    return None
+
+
+class SnapshotView(Sequence[T], Generic[T]):
+    """An immutable prefix view of an append-only list: O(1) to create, never grows.
+
+    The owner only ever appends to the backing list (it starts a new list when it
+    must rewrite), so the first ``len`` items a view covers never change.
+    """
+
+    __slots__ = ("_items", "_n")
+
+    def __init__(self, items: list[T], n: int) -> None:
+        self._items = items
+        self._n = n
+
+    @overload
+    def __getitem__(self, i: int) -> T: ...
+    @overload
+    def __getitem__(self, i: slice) -> tuple[T, ...]: ...
+    def __getitem__(self, i: int | slice) -> T | tuple[T, ...]:
+        n = self._n
+        if isinstance(i, slice):
+            return tuple(self._items[:n][i])
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            raise IndexError("view index out of range")
+        return self._items[i]
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __iter__(self) -> Iterator[T]:
+        # islice bounds the walk: the backing list may grow while a view is iterated.
+        return islice(self._items, self._n)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, SnapshotView):
+            return self._n == other._n and all(a == b for a, b in zip(self, other, strict=True))
+        if isinstance(other, (list, tuple)):
+            return self._n == len(other) and all(a == b for a, b in zip(self, other, strict=True))
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({list(self)!r})"
+
+
+class MessageList(SnapshotView[FrozenDict]):
+    """The model-visible messages at the moment of a ``derive_messages()`` call."""
+
+    __slots__ = ()
+
+
+class EventLog(SnapshotView[Event]):
+    """The session's events at the moment of reading ``session.events``."""
+
+    __slots__ = ()
+
+
+_UNPROJECTED: Any = object()
+
+
+class DeriveCache:
+    """The generation-keyed incremental projection of reference §5.
+
+    Each event is projected at most once (``_proj`` is indexed by seq); a replace
+    (a new generation) restarts from node 0 into a *new* list so held results stay
+    valid, and the restart costs one cached lookup per node.
+    """
+
+    __slots__ = ("_consumed", "_generation", "_messages", "_proj")
+
+    def __init__(self) -> None:
+        self._messages: list[FrozenDict] = []
+        self._consumed = 0
+        self._generation = 0
+        self._proj: list[Any] = []
+
+    def derive(self, nodes: list[int], generation: int, events: list[Event]) -> MessageList:
+        if generation != self._generation:
+            self._messages = []
+            self._consumed = 0
+            self._generation = generation
+        consumed = self._consumed
+        if consumed < len(nodes):
+            proj = self._proj
+            if len(proj) < len(events):
+                proj.extend([_UNPROJECTED] * (len(events) - len(proj)))
+            out = self._messages
+            for seq in nodes[consumed:] if consumed else nodes:
+                m = proj[seq]
+                if m is _UNPROJECTED:
+                    m = proj[seq] = derive_event_message(events[seq])
+                if m is not None:
+                    out.append(m)
+            self._consumed = len(nodes)
+        return MessageList(self._messages, len(self._messages))

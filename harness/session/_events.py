@@ -1,0 +1,169 @@
+"""The event envelope, the vocabulary, and record (de)serialisation.
+
+An :class:`Event` is a frozen, slotted attrs value. Its ``data`` is a frozen JSON
+value (:mod:`harness.session._json`). Records are the plain-dict wire form that
+orjson writes, with the reference's camelCase keys and key order.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final, Literal, TypeAlias
+
+import attrs
+
+from harness.session._json import JsonValue, RawJson, raw_of
+
+SAFE_INT_MAX: Final = 2**53 - 1
+
+USER_MESSAGE: Final = "user/message"
+ASSISTANT_MESSAGE: Final = "assistant/message"
+TOOL_RESULT: Final = "tool/result"
+END_SEED: Final = "session/end-seed"
+
+SURFACE_TYPES: Final = frozenset({USER_MESSAGE, ASSISTANT_MESSAGE, TOOL_RESULT})
+"""The three model-visible (surface-eligible) event types."""
+
+CORE_EVENT_TYPES: Final = frozenset(
+    {
+        "turn/start",
+        "turn/end",
+        "step/start",
+        "step/end",
+        USER_MESSAGE,
+        "assistant/chunk",
+        ASSISTANT_MESSAGE,
+        "tool/call",
+        TOOL_RESULT,
+        "todo/write",
+        "request/header",
+        "request/context",
+        END_SEED,
+    }
+)
+
+KNOWN_EVENT_TYPES: Final = CORE_EVENT_TYPES | frozenset(
+    {
+        "agent/inbox/spliced",
+        "agent-preset/selected",
+        "approval/asked",
+        "approval/decided",
+        "approval/policy",
+        "command/run",
+        "command/done",
+        "compaction/start",
+        "compaction/summary",
+        "compaction/prune",
+        "compaction/end",
+        "feedback/record",
+        "goal/change",
+        "hook/invoked",
+        "hook/result",
+        "llm/retry",
+        "llm/retry-started",
+        "permission/preset",
+        "plan/mode",
+        "sandbox/mode",
+        "schedule/change",
+        "session/title",
+        "session/title-llm-request",
+        "subagent/descriptor",
+        "team/member",
+        "team/task",
+        "team/message/queued",
+        "team/message/delivered",
+        "tool/code-dispatch",
+        "tool/code-dispatch-start",
+        "tool-workflow/run-start",
+        "tool-workflow/run-end",
+        "tool-workflow/agent-start",
+        "tool-workflow/agent-end",
+        "web/deepseek-search-llm-request",
+    }
+)
+"""The 48 types a persistence reader understands (the reference's list)."""
+
+ENVELOPE_KEYS: Final = frozenset(
+    {"type", "seq", "time", "data", "surfaceOp", "sourceEventSeqs", "ignorable"}
+)
+
+
+@attrs.frozen(slots=True)
+class ReplaceOp:
+    """``surfaceOp: {op: "replace", start, end}``: shadow the surface range start..end."""
+
+    start: int
+    end: int
+
+    def to_raw(self) -> dict[str, Any]:
+        return {"op": "replace", "start": self.start, "end": self.end}
+
+
+SurfaceOp: TypeAlias = Literal["append"] | ReplaceOp
+APPEND: Final = "append"
+
+
+@attrs.frozen(slots=True, eq=True, repr=False)
+class Event:
+    """One immutable log entry.
+
+    Construct events through :class:`~harness.session.Session` (append, seed or
+    restore), which validates them; direct construction skips every check.
+    """
+
+    type: str
+    seq: int
+    time: int
+    data: JsonValue
+    surface_op: SurfaceOp | None = None
+    source_event_seqs: tuple[int, ...] | None = None
+    ignorable: bool = False
+
+    @property
+    def is_surface(self) -> bool:
+        """Surface-eligible type carrying a surface op."""
+        return self.surface_op is not None
+
+    def __repr__(self) -> str:
+        op = "" if self.surface_op is None else f", surface_op={self.surface_op!r}"
+        return f"Event({self.type!r}, seq={self.seq}, data={self.data!r}{op})"
+
+
+def event_to_record(event: Event) -> dict[str, Any]:
+    """The plain record orjson writes: key order type, seq, time, data, [sourceEventSeqs],
+    [surfaceOp], [ignorable]."""
+    rec: dict[str, Any] = {
+        "type": event.type,
+        "seq": event.seq,
+        "time": event.time,
+        "data": raw_of(event.data),
+    }
+    if event.source_event_seqs is not None:
+        rec["sourceEventSeqs"] = event.source_event_seqs
+    op = event.surface_op
+    if op is not None:
+        rec["surfaceOp"] = op if isinstance(op, str) else op.to_raw()
+    if event.ignorable:
+        rec["ignorable"] = True
+    return rec
+
+
+def is_safe_int(v: object) -> bool:
+    return type(v) is int and -SAFE_INT_MAX <= v <= SAFE_INT_MAX
+
+
+def is_nonneg_safe_int(v: object) -> bool:
+    return type(v) is int and 0 <= v <= SAFE_INT_MAX
+
+
+def valid_envelope(rec: RawJson) -> bool:
+    """The seed/restore envelope check of reference §1 (own keys, types, ranges)."""
+    if type(rec) is not dict or "data" not in rec:
+        return False
+    for key in rec:
+        if key not in ENVELOPE_KEYS:
+            return False
+    if type(rec.get("type")) is not str:
+        return False
+    if not is_nonneg_safe_int(rec.get("seq")) or not is_safe_int(rec.get("time")):
+        return False
+    return "ignorable" not in rec or rec["ignorable"] is True

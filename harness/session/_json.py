@@ -1,0 +1,450 @@
+"""Lossless JSON: validation, snapshots, and the read-only views over frozen trees.
+
+Representation (decision 0002): an accepted JSON value is stored as a *raw tree* of
+plain ``dict``/``list``/scalars that nothing ever mutates once adopted. Users only see
+it through :class:`FrozenDict` and :class:`FrozenList`, read-only views that wrap a raw
+container in O(1) and wrap nested containers on access. Because the raw tree is plain
+Python, ``orjson`` serialises it at C speed and restore mode can adopt decoded trees
+without walking or copying them.
+
+Accepted values (the reference's ``isJsonValue`` mapped to Python): ``None``, ``bool``,
+``str`` (valid Unicode, no lone surrogates, so it encodes as UTF-8), ``int`` in the
+range orjson can write (-2**63 .. 2**64-1), finite ``float`` except ``-0.0``,
+``list``, ``dict`` with ``str`` keys, and our own frozen views. Exact types only:
+subclasses, tuples, sets and other objects are rejected, and so are cycles (a
+container that is its own ancestor). Shared non-cyclic references are accepted and
+copied separately. All walks are iterative: depth is limited only by memory.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, TypeAlias, final, overload
+
+from harness.errors import NotJsonError
+
+if TYPE_CHECKING:
+    JsonValue: TypeAlias = "bool | int | float | str | FrozenList | FrozenDict | None"
+    """A frozen JSON value as stored in events and headers."""
+else:
+    JsonValue = Any
+
+RawJson: TypeAlias = Any
+"""A plain (mutable-typed, never mutated) JSON tree: dict/list/scalars."""
+
+ARRAY = (list, tuple)
+"""Raw arrays are lists (decoded by orjson) or tuples (made by snapshots: CPython stops
+tracking a tuple of atomic values, and a dict of such tuples, in the cyclic collector,
+so frozen payloads cost the collector nothing once they survive a collection)."""
+
+_INT_MIN = -(2**63)
+_INT_MAX = 2**64 - 1
+
+
+class _Invalid(Exception):
+    """Internal: the walk found a non-JSON value (turned into NotJsonError by callers)."""
+
+
+def _valid_str(s: str) -> bool:
+    if s.isascii():
+        return True
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _valid_scalar(value: object, t: type) -> bool:
+    # `t` is `type(value)`; called only for non-container types.
+    if t is str:
+        return _valid_str(value)  # type: ignore[arg-type]
+    if t is bool or value is None:
+        return True
+    if t is int:
+        return _INT_MIN <= value <= _INT_MAX  # type: ignore[operator]
+    if t is float:
+        return math.isfinite(value) and not (value == 0.0 and math.copysign(1.0, value) < 0)  # type: ignore[arg-type]
+    return False
+
+
+class _TooDeep(Exception):
+    """Internal: the recursive fast path gave up; the iterative walk takes over."""
+
+
+_FAST_DEPTH = 48
+
+
+def _copy_fast(value: Any, depth: int) -> Any:
+    # Recursive copy for the common, shallow payload. Bounded depth means a cycle
+    # can only show up as _TooDeep, so this path needs no ancestor tracking.
+    t = type(value)
+    if t is dict:
+        if depth > _FAST_DEPTH:
+            raise _TooDeep
+        out: dict[str, Any] = {}
+        for k, v in value.items():
+            if type(k) is not str or not (k.isascii() or _valid_str(k)):
+                raise _Invalid
+            vt = type(v)
+            if vt is str:
+                if not (v.isascii() or _valid_str(v)):
+                    raise _Invalid
+                out[k] = v
+            elif vt is int and _INT_MIN <= v <= _INT_MAX:
+                out[k] = v
+            else:
+                out[k] = _copy_fast(v, depth + 1)
+        return out
+    if t is list:
+        if depth > _FAST_DEPTH:
+            raise _TooDeep
+        lst: list[Any] = []
+        append = lst.append
+        for v in value:
+            vt = type(v)
+            if vt is str:
+                if not (v.isascii() or _valid_str(v)):
+                    raise _Invalid
+                append(v)
+            elif vt is int and _INT_MIN <= v <= _INT_MAX:
+                append(v)
+            else:
+                append(_copy_fast(v, depth + 1))
+        return tuple(lst)
+    if t is FrozenDict or t is FrozenList:
+        return value._raw
+    if _valid_scalar(value, t):
+        return value
+    raise _Invalid
+
+
+def _snapshot_raw(value: object) -> RawJson:
+    """Validate ``value`` and return a fresh raw tree (views are unwrapped, not copied).
+
+    Raises :class:`_Invalid` on the first non-JSON value.
+    """
+    try:
+        return _copy_fast(value, 0)
+    except _TooDeep:
+        return _snapshot_iterative(value)
+
+
+def _snapshot_iterative(value: object) -> RawJson:
+    t = type(value)
+    if t is FrozenDict or t is FrozenList:
+        return value._raw  # type: ignore[attr-defined]
+    if t is not dict and t is not list:
+        if _valid_scalar(value, t):
+            return value
+        raise _Invalid
+    root_out: dict[str, Any] | list[Any] = {} if t is dict else []
+    on_path = {id(value)}
+    # Each frame: (source container, its copy, the live iterator over the source).
+    stack: list[tuple[Any, Any, Iterator[Any]]] = [
+        (value, root_out, iter(value.items()) if t is dict else iter(value))  # type: ignore[attr-defined, call-overload]
+    ]
+    while stack:
+        src, dst, it = stack[-1]
+        descended = False
+        if type(dst) is dict:
+            for k, v in it:
+                if type(k) is not str or not _valid_str(k):
+                    raise _Invalid
+                vt = type(v)
+                if vt is dict or vt is list:
+                    if id(v) in on_path:
+                        raise _Invalid
+                    child: Any = {} if vt is dict else []
+                    dst[k] = child
+                    on_path.add(id(v))
+                    stack.append((v, child, iter(v.items()) if vt is dict else iter(v)))
+                    descended = True
+                    break
+                if vt is FrozenDict or vt is FrozenList:
+                    dst[k] = v._raw
+                elif _valid_scalar(v, vt):
+                    dst[k] = v
+                else:
+                    raise _Invalid
+        else:
+            append = dst.append
+            for v in it:
+                vt = type(v)
+                if vt is dict or vt is list:
+                    if id(v) in on_path:
+                        raise _Invalid
+                    child = {} if vt is dict else []
+                    append(child)
+                    on_path.add(id(v))
+                    stack.append((v, child, iter(v.items()) if vt is dict else iter(v)))
+                    descended = True
+                    break
+                if vt is FrozenDict or vt is FrozenList:
+                    append(v._raw)
+                elif _valid_scalar(v, vt):
+                    append(v)
+                else:
+                    raise _Invalid
+        if not descended:
+            stack.pop()
+            on_path.discard(id(src))
+    return root_out
+
+
+def snapshot_raw(value: object, what: str = "value") -> RawJson:
+    """Validate and deep-copy ``value`` into a raw tree; :class:`NotJsonError` if invalid."""
+    try:
+        return _snapshot_raw(value)
+    except _Invalid:
+        raise NotJsonError(f"{what} is not losslessly JSON-serializable") from None
+
+
+def try_snapshot_raw(value: object) -> tuple[bool, RawJson]:
+    """Like :func:`snapshot_raw` but returns ``(ok, raw)`` instead of raising."""
+    try:
+        return True, _snapshot_raw(value)
+    except _Invalid:
+        return False, None
+
+
+def is_json(value: object) -> bool:
+    """Whether ``value`` is lossless JSON (the same rules as :func:`freeze`)."""
+    return try_snapshot_raw(value)[0]
+
+
+def view(raw: RawJson) -> JsonValue:
+    """Wrap a raw tree in its read-only view (scalars are returned as they are)."""
+    t = type(raw)
+    if t is dict:
+        return FrozenDict._wrap(raw)
+    if t is list or t is tuple:
+        return FrozenList._wrap(raw)
+    return raw  # type: ignore[no-any-return]
+
+
+def freeze(value: object) -> JsonValue:
+    """Snapshot mode: validate ``value``, copy it, and return the frozen view.
+
+    The caller keeps ownership of ``value``; later mutation of it never reaches the
+    result. Frozen views inside ``value`` are shared, not copied (they cannot change).
+    """
+    return view(snapshot_raw(value))
+
+
+def adopt(raw: RawJson) -> JsonValue:
+    """Restore mode: take ownership of a freshly decoded tree without walking it.
+
+    The caller transfers ownership: it must hold no other reference it will mutate.
+    ``orjson`` output is lossless JSON by construction, so no walk is needed.
+    """
+    return view(raw)
+
+
+def raw_of(value: JsonValue) -> RawJson:
+    """The raw tree behind a frozen value (for serialisation; never mutate it)."""
+    t = type(value)
+    if t is FrozenDict or t is FrozenList:
+        return value._raw  # type: ignore[union-attr]
+    return value
+
+
+def thaw(value: JsonValue | RawJson) -> Any:
+    """A fresh, mutable deep copy as plain dicts and lists (iterative)."""
+    raw = raw_of(value)
+    t = type(raw)
+    if t is not dict and t is not list and t is not tuple:
+        return raw
+    root: Any = {} if t is dict else []
+    stack: list[tuple[Any, Any]] = [(raw, root)]
+    while stack:
+        src, dst = stack.pop()
+        if type(src) is dict:
+            for k, v in src.items():
+                vt = type(v)
+                if vt is dict or vt is list or vt is tuple:
+                    child: Any = {} if vt is dict else []
+                    dst[k] = child
+                    stack.append((v, child))
+                else:
+                    dst[k] = v
+        else:
+            for v in src:
+                vt = type(v)
+                if vt is dict or vt is list or vt is tuple:
+                    child = {} if vt is dict else []
+                    dst.append(child)
+                    stack.append((v, child))
+                else:
+                    dst.append(v)
+    return root
+
+
+def raw_equal(a: RawJson, b: RawJson) -> bool:
+    """Deep equality of two raw trees, safe at any depth.
+
+    Python's ``==`` on containers recurses in C and raises RecursionError on very deep
+    trees, so that case falls back to an iterative walk. Scalars compare as Python
+    compares them (``True == 1``), in both paths.
+    """
+    try:
+        if a == b:
+            return True
+    except RecursionError:
+        pass
+    # Unequal under ==, or too deep: decide with the walk that treats list == tuple.
+    return _raw_equal_iterative(a, b)
+
+
+def _raw_equal_iterative(a: RawJson, b: RawJson) -> bool:
+    stack = [(a, b)]
+    while stack:
+        x, y = stack.pop()
+        tx, ty = type(x), type(y)
+        if tx is dict:
+            if ty is not dict or x.keys() != y.keys():
+                return False
+            stack.extend((v, y[k]) for k, v in x.items())
+        elif tx is list or tx is tuple:
+            if (ty is not list and ty is not tuple) or len(x) != len(y):
+                return False
+            stack.extend(zip(x, y, strict=True))
+        elif ty is dict or ty is list or ty is tuple or x != y:
+            return False
+    return True
+
+
+def _unwrap_other(other: object) -> tuple[bool, Any]:
+    t = type(other)
+    if t is FrozenDict or t is FrozenList:
+        return True, other._raw  # type: ignore[attr-defined]
+    if t is dict or t is list:
+        return True, other
+    return False, None
+
+
+@final
+class FrozenDict(Mapping[str, "JsonValue"]):
+    """A read-only view of a JSON object. Mutation attempts raise ``TypeError``.
+
+    Equal to another ``FrozenDict`` or a plain ``dict`` with the same content.
+    ``orjson`` cannot serialise it directly: use :func:`raw_of` (or :func:`thaw`).
+    """
+
+    __slots__ = ("_raw",)
+    _raw: dict[str, Any]
+
+    def __init__(self, value: Mapping[str, object] | None = None) -> None:
+        raw = snapshot_raw({} if value is None else dict(value) if type(value) is not dict else value)
+        object.__setattr__(self, "_raw", raw)
+
+    @classmethod
+    def _wrap(cls, raw: dict[str, Any]) -> FrozenDict:
+        self = object.__new__(cls)
+        object.__setattr__(self, "_raw", raw)
+        return self
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError("FrozenDict is immutable")
+
+    def __delattr__(self, name: str) -> None:
+        raise AttributeError("FrozenDict is immutable")
+
+    def __getitem__(self, key: str) -> JsonValue:
+        v = self._raw[key]
+        t = type(v)
+        if t is dict:
+            return FrozenDict._wrap(v)
+        if t is list or t is tuple:
+            return FrozenList._wrap(v)
+        return v  # type: ignore[no-any-return]
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._raw
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._raw)
+
+    def __len__(self) -> int:
+        return len(self._raw)
+
+    def __eq__(self, other: object) -> bool:
+        ok, raw = _unwrap_other(other)
+        if not ok:
+            return NotImplemented
+        return type(raw) is dict and raw_equal(self._raw, raw)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"FrozenDict({self._raw!r})"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (FrozenDict, (thaw(self),))
+
+
+@final
+class FrozenList(Sequence["JsonValue"]):
+    """A read-only view of a JSON array. Mutation attempts raise ``TypeError``."""
+
+    __slots__ = ("_raw",)
+    _raw: list[Any] | tuple[Any, ...]
+
+    def __init__(self, value: Sequence[object] = ()) -> None:
+        raw = snapshot_raw(value if type(value) is list else list(value))
+        object.__setattr__(self, "_raw", raw)
+
+    @classmethod
+    def _wrap(cls, raw: list[Any] | tuple[Any, ...]) -> FrozenList:
+        self = object.__new__(cls)
+        object.__setattr__(self, "_raw", raw)
+        return self
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError("FrozenList is immutable")
+
+    def __delattr__(self, name: str) -> None:
+        raise AttributeError("FrozenList is immutable")
+
+    @overload
+    def __getitem__(self, index: int) -> JsonValue: ...
+    @overload
+    def __getitem__(self, index: slice) -> FrozenList: ...
+    def __getitem__(self, index: int | slice) -> JsonValue | FrozenList:
+        if isinstance(index, slice):
+            return FrozenList._wrap(self._raw[index])
+        v = self._raw[index]
+        t = type(v)
+        if t is dict:
+            return FrozenDict._wrap(v)
+        if t is list or t is tuple:
+            return FrozenList._wrap(v)
+        return v  # type: ignore[no-any-return]
+
+    def __iter__(self) -> Iterator[JsonValue]:
+        for v in self._raw:
+            t = type(v)
+            if t is dict:
+                yield FrozenDict._wrap(v)
+            elif t is list or t is tuple:
+                yield FrozenList._wrap(v)
+            else:
+                yield v
+
+    def __len__(self) -> int:
+        return len(self._raw)
+
+    def __eq__(self, other: object) -> bool:
+        ok, raw = _unwrap_other(other)
+        if not ok:
+            return NotImplemented
+        return type(raw) in ARRAY and raw_equal(self._raw, raw)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"FrozenList({self._raw!r})"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (FrozenList, (thaw(self),))

@@ -1,0 +1,652 @@
+"""The Session: log + surface + derive cache, constructed in snapshot or restore mode.
+
+A Session is plain synchronous Python with a single owner (in the runtime, its
+session actor). Every mutation is plan-then-commit: :meth:`Session.plan` validates
+a whole batch against a tentative state without touching the session, and
+:meth:`Session.commit` applies a plan atomically. A rejected batch changes nothing:
+not the log, not the surface, not the generation, not the validator state.
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any, Final, Protocol
+
+import attrs
+import orjson
+
+from harness.errors import EventError, NotJsonError, SessionError, SurfaceError
+from harness.session._derive import DeriveCache, EventLog, MessageList
+from harness.session._events import (
+    APPEND,
+    ASSISTANT_MESSAGE,
+    END_SEED,
+    SAFE_INT_MAX,
+    USER_MESSAGE,
+    Event,
+    ReplaceOp,
+    SurfaceOp,
+    valid_envelope,
+)
+from harness.session._header import SessionHeader, snapshot_header, validate_header_record
+from harness.session._json import (
+    FrozenDict,
+    JsonValue,
+    RawJson,
+    adopt,
+    raw_of,
+    try_snapshot_raw,
+    view,
+)
+from harness.session._request_header import canonical_header
+from harness.session._shape import MESSAGE_TYPES, check_message_shape, check_request_header
+from harness.session._surface import (
+    _MISSING,
+    SurfaceNodes,
+    SurfacePlan,
+    SurfaceState,
+    plan_surface,
+)
+
+Clock = Callable[[], int]
+"""Returns wall-clock time in integer milliseconds."""
+
+
+def wall_clock_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+@contextmanager
+def gc_paused() -> Iterator[None]:
+    """Pause the cyclic collector around a bulk build of acyclic objects.
+
+    Building 100k events allocates ~10^6 containers; with the collector running, its
+    generation-2 passes dominate the cost (3x on the bench machine). Nothing built on
+    these paths is cyclic, so pausing loses nothing; the collector's state is restored.
+    """
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def decode_records(lines: Iterable[bytes | str]) -> list[Any]:
+    """Decode JSON lines with orjson, the collector paused (see :func:`gc_paused`).
+
+    The result is freshly owned by the caller: pass it to :meth:`Session.restore`.
+    """
+    loads = orjson.loads
+    with gc_paused():
+        return [loads(line) for line in lines]
+
+
+@attrs.frozen(slots=True)
+class EventDraft:
+    """An event to append: the session assigns ``seq`` and ``time``.
+
+    ``surface_op`` is ``"append"``, a :class:`ReplaceOp`, a raw
+    ``{"op": "replace", "start", "end"}`` dict, or ``None`` (absent).
+    """
+
+    type: str
+    data: object
+    surface_op: object = None
+    source_event_seqs: object = None
+
+
+class AppendValidator(Protocol):
+    """A pre-commit veto over appended events (e.g. the relational invariants, §11).
+
+    ``check`` is pure: it returns the validator's next state and raises
+    :class:`~harness.errors.SessionError` to veto. The session threads the state
+    through a batch and keeps it only if the whole batch commits.
+    """
+
+    def initial(self) -> Any: ...
+
+    def check(self, state: Any, event: Event) -> Any: ...
+
+
+@attrs.frozen(slots=True, eq=False)
+class AppendPlan:
+    """A validated batch, ready to commit. Valid only against the state it was planned on."""
+
+    session: Session
+    base_seq: int
+    events: tuple[Event, ...]
+    plans: tuple[SurfacePlan, ...]
+    surface: SurfaceState | None
+    validator_state: Any
+
+
+_LEGACY_DELTA: Final = "request/header-delta"
+_FAST_KEYS: Final = frozenset({"type", "seq", "time", "data", "surfaceOp"})
+
+
+def _wrap_dict(raw: dict[str, Any]) -> FrozenDict:
+    fd = _new(FrozenDict)
+    _set_raw(fd, raw)
+    return fd
+
+
+_new = object.__new__
+_set_raw = FrozenDict._raw.__set__  # type: ignore[attr-defined]
+
+
+def _nonempty(v: object) -> bool:
+    return type(v) is str and v != ""
+
+
+def _message_ok(t: str, data: dict[str, Any]) -> bool:
+    """Allocation-free yes for a well-formed message (False: let the slow path decide)."""
+    m: Any
+    if t == USER_MESSAGE:
+        m = data
+        role = "user"
+    else:
+        m = data.get("message")
+        if type(m) is not dict:
+            return False
+        role = "assistant" if t == ASSISTANT_MESSAGE else "user"
+    src = m.get("source")
+    if (
+        m.get("role") != role
+        or not _nonempty(m.get("id"))
+        or type(src) is not dict
+        or not _nonempty(src.get("kind"))
+        or type(m.get("content")) is not list
+    ):
+        return False
+    if t == ASSISTANT_MESSAGE:
+        return src["kind"] == "model" and _nonempty(src.get("provider")) and _nonempty(src.get("model"))
+    # tool/result is rare on this path: the full check handles it.
+    return t == USER_MESSAGE
+
+
+
+def _label(type_: str) -> str:
+    return f'session event "{type_}"'
+
+
+def _is_fallback_header(type_: str, data: RawJson) -> bool:
+    return type_ == "request/header" and type(data) is dict and data.get("reason") == "fallback"
+
+
+class Session:
+    """One agent session: its immutable event log, its surface and derived messages.
+
+    Build one with :meth:`create` (snapshot mode: borrowed input is validated and
+    copied) or :meth:`restore` (restore mode: freshly decoded records are adopted
+    without a copy). Not thread-safe and not async: one owner drives it.
+    """
+
+    __slots__ = (
+        "_clock",
+        "_derive",
+        "_events",
+        "_first_live_seq",
+        "_header",
+        "_last_context",
+        "_last_header",
+        "_surface",
+        "_validator",
+        "_vstate",
+    )
+
+    def __init__(self, *, _token: object = None) -> None:
+        if _token is not _PRIVATE:
+            raise TypeError("use Session.create() or Session.restore()")
+        self._events: list[Event] = []
+        self._surface = SurfaceState()
+        self._derive = DeriveCache()
+        self._first_live_seq = 0
+        self._clock: Clock = wall_clock_ms
+        self._validator: AppendValidator | None = None
+        self._vstate: Any = None
+        self._last_header = -1
+        self._last_context = -1
+        self._header: SessionHeader
+
+    # -- construction ---------------------------------------------------------------
+
+    @classmethod
+    def create(
+        cls,
+        session_id: str,
+        seed: Sequence[Event | dict[str, Any]] | None = None,
+        header: SessionHeader | dict[str, Any] | None = None,
+        *,
+        clock: Clock = wall_clock_ms,
+        validator: AppendValidator | None = None,
+    ) -> Session:
+        """Snapshot mode. Seed records are validated and copied; seed :class:`Event`
+        objects are shared (they are immutable), which is what makes fork O(prefix).
+
+        Without a ``header`` one is synthesised as ``{version: 0, id, createdAt: now}``.
+        A supplied seed (even ``[]``) gets a ``session/end-seed`` appended unless it
+        already ends with one.
+        """
+        self = cls._blank(session_id, clock, validator)
+        if seed is not None:
+            for i, item in enumerate(seed):
+                if isinstance(item, Event):
+                    self._seed_one(i, item.type, raw_of(item.data), item, None)
+                    continue
+                ok, rec = try_snapshot_raw(item)
+                if not ok:
+                    raise EventError(
+                        f"seed event at index {i} is not losslessly JSON-serializable",
+                        session_id=session_id,
+                    )
+                self._seed_record(i, rec)
+        if header is None:
+            self._header = SessionHeader(id=session_id, created_at=clock())
+        else:
+            self._header = snapshot_header(header, session_id)
+        self._finish_construction(seed is not None)
+        return self
+
+    @classmethod
+    def restore(
+        cls,
+        session_id: str,
+        records: list[dict[str, Any]],
+        header: dict[str, Any] | SessionHeader,
+        *,
+        clock: Clock = wall_clock_ms,
+        validator: AppendValidator | None = None,
+    ) -> Session:
+        """Restore mode: take ownership of freshly decoded records and adopt them.
+
+        Ownership transfers to the session: the caller must not keep or mutate the
+        records. They are validated (header, envelope, message shape, contiguity,
+        surface rules) but not JSON-walked or copied. ``session/end-seed`` is appended
+        unless the log already ends with one.
+        """
+        self = cls._blank(session_id, clock, validator)
+        if isinstance(header, SessionHeader):
+            self._header = validate_header_record(header.to_record(), session_id)
+        else:
+            self._header = validate_header_record(header, session_id)
+        with gc_paused():
+            self._restore_records(records)
+        self._finish_construction(True)
+        return self
+
+    @classmethod
+    def restore_lines(
+        cls,
+        session_id: str,
+        lines: Iterable[bytes | str],
+        header: dict[str, Any] | SessionHeader,
+        *,
+        clock: Clock = wall_clock_ms,
+        validator: AppendValidator | None = None,
+    ) -> Session:
+        """Decode JSON event lines and :meth:`restore` them, under one collector pause.
+
+        Decoding and adopting in one pause matters: re-enabling the collector between
+        the two would make the first allocation of the restore pay for a collection
+        over every freshly decoded object.
+        """
+        loads = orjson.loads
+        with gc_paused():
+            return cls.restore(
+                session_id, [loads(line) for line in lines], header, clock=clock, validator=validator
+            )
+
+    @classmethod
+    def _blank(cls, session_id: str, clock: Clock, validator: AppendValidator | None) -> Session:
+        if type(session_id) is not str or not session_id:
+            raise SessionError(f"session id must be a non-empty string, got {session_id!r}")
+        self = cls(_token=_PRIVATE)
+        self._clock = clock
+        self._validator = validator
+        self._vstate = validator.initial() if validator is not None else None
+        return self
+
+    def _restore_records(self, records: list[dict[str, Any]]) -> None:
+        # The hot loop of W4. Records of the common shapes (log-only events without
+        # metadata, plain surface appends of well-formed messages) are checked and
+        # adopted inline; anything else, valid or not, takes the general path, which
+        # also produces the exact error.
+        events = self._events
+        push = events.append
+        surface = self._surface
+        nodes = surface.nodes
+        fast_keys = _FAST_KEYS
+        message_types = MESSAGE_TYPES
+        wrap = _wrap_dict
+        safe = SAFE_INT_MAX
+        if self._validator is not None:
+            for i, rec in enumerate(records):
+                self._seed_record(i, rec)
+            return
+        for i, rec in enumerate(records):
+            pos = surface._pos
+            if (
+                type(rec) is not dict
+                or not rec.keys() <= fast_keys
+                or pos is None
+            ):
+                self._seed_record(i, rec)
+                continue
+            t = rec.get("type")
+            seq = rec.get("seq")
+            tm = rec.get("time")
+            data = rec.get("data", _MISSING)
+            if (
+                type(t) is not str
+                or type(seq) is not int
+                or seq != i
+                or type(tm) is not int
+                or not -safe <= tm <= safe
+                or type(data) is not dict
+                or t == "request/header"
+            ):
+                self._seed_record(i, rec)
+                continue
+            op = rec.get("surfaceOp", _MISSING)
+            if t in message_types:
+                if op != APPEND or type(op) is not str or not _message_ok(t, data):
+                    self._seed_record(i, rec)
+                    continue
+                pos[i] = len(nodes)
+                nodes.append(i)
+                push(Event(t, i, tm, wrap(data), APPEND, None, False))
+            elif op is _MISSING and t != _LEGACY_DELTA:
+                if t == "request/context":
+                    self._last_context = i
+                push(Event(t, i, tm, wrap(data), None, None, False))
+            else:
+                self._seed_record(i, rec)
+
+    def _seed_record(self, i: int, rec: dict[str, Any]) -> None:
+        if not valid_envelope(rec):
+            raise EventError(
+                f"seed event at index {i} has an invalid event envelope", session_id=self.id
+            )
+        self._seed_one(i, rec["type"], rec["data"], None, rec)
+
+    def _seed_one(
+        self, i: int, type_: str, data: RawJson, event: Event | None, rec: dict[str, Any] | None
+    ) -> None:
+        sid = self.id if hasattr(self, "_header") else None
+        if type_ == _LEGACY_DELTA:
+            raise EventError(
+                f"seed event at index {i} uses unsupported legacy request/header-delta format",
+                session_id=sid,
+            )
+        if type_ == "request/header":
+            check_request_header(i, data)
+        elif type_ in MESSAGE_TYPES:
+            check_message_shape(type_, data, index=i)
+        if _is_fallback_header(type_, data):
+            raise EventError(
+                f'seed event at index {i} uses unsupported legacy request/header reason "fallback"',
+                session_id=sid,
+            )
+        seq = event.seq if event is not None else rec["seq"]  # type: ignore[index]
+        if seq != i:
+            raise EventError(
+                f"seed event at index {i} has seq {seq} (expected {i}); seed must be contiguous from 0",
+                session_id=sid,
+            )
+        if event is not None:
+            op: Any = event.surface_op
+            raw_op = _MISSING if op is None else (op if op == APPEND else op.to_raw())
+            raw_src: Any = (
+                _MISSING if event.source_event_seqs is None else list(event.source_event_seqs)
+            )
+        else:
+            raw_op = rec.get("surfaceOp", _MISSING)  # type: ignore[union-attr]
+            raw_src = rec.get("sourceEventSeqs", _MISSING)  # type: ignore[union-attr]
+        try:
+            plan = plan_surface(
+                self._surface,
+                type_=type_,
+                seq=seq,
+                expected_seq=len(self._events),
+                data=data,
+                surface_op=raw_op,
+                source_event_seqs=raw_src,
+                event_at=self._events.__getitem__,
+            )
+        except SurfaceError as exc:
+            raise EventError(f"invalid seed event at index {i}: {exc}", session_id=sid) from exc
+        if event is None:
+            event = Event(
+                type_,
+                seq,
+                rec["time"],  # type: ignore[index]
+                adopt(data),
+                plan.surface_op,
+                plan.source_event_seqs,
+                "ignorable" in rec,  # type: ignore[operator]
+            )
+        if self._validator is not None:
+            self._vstate = self._validator.check(self._vstate, event)
+        self._surface.apply(plan)
+        self._note(event)
+        self._events.append(event)
+
+    def _finish_construction(self, seeded: bool) -> None:
+        self._first_live_seq = len(self._events)
+        if seeded and (not self._events or self._events[-1].type != END_SEED):
+            self.append(END_SEED, {})
+
+    # -- reading ----------------------------------------------------------------------
+
+    @property
+    def id(self) -> str:
+        return self._header.id
+
+    @property
+    def header(self) -> SessionHeader:
+        return self._header
+
+    @property
+    def seq(self) -> int:
+        """The next seq (the log length)."""
+        return len(self._events)
+
+    @property
+    def first_live_seq(self) -> int:
+        """How many events the session was constructed with (its seed length)."""
+        return self._first_live_seq
+
+    @property
+    def events(self) -> EventLog:
+        """An immutable snapshot of the log, O(1); it never grows."""
+        return EventLog(self._events, len(self._events))
+
+    def event(self, seq: int) -> Event:
+        return self._events[seq]
+
+    @property
+    def surface(self) -> SurfaceNodes:
+        """A live read-only view of the surface nodes (see ``.generation``)."""
+        return SurfaceNodes(self._surface)
+
+    @property
+    def generation(self) -> int:
+        """The count of committed replaces."""
+        return self._surface.generation
+
+    def surface_snapshot(self) -> tuple[int, ...]:
+        """The current surface nodes, detached (O(n))."""
+        return tuple(self._surface.nodes)
+
+    def derive_messages(self) -> MessageList:
+        """The model-visible messages: an immutable sequence, O(1) plus new nodes."""
+        return self._derive.derive(self._surface.nodes, self._surface.generation, self._events)
+
+    def request_header(self) -> FrozenDict | None:
+        """The latest ``request/header`` snapshot, canonicalised (or ``None``)."""
+        if self._last_header < 0:
+            return None
+        data = self._events[self._last_header].data
+        return canonical_header(data.get("header") if type(data) is FrozenDict else None)
+
+    def request_context(self) -> JsonValue:
+        """The latest ``request/context`` data (or ``None``)."""
+        if self._last_context < 0:
+            return None
+        return self._events[self._last_context].data
+
+    def _note(self, event: Event) -> None:
+        t = event.type
+        if t == "request/header":
+            self._last_header = event.seq
+        elif t == "request/context":
+            self._last_context = event.seq
+
+    # -- appending --------------------------------------------------------------------
+
+    def append(
+        self,
+        type: str,
+        data: object,
+        *,
+        surface_op: SurfaceOp | dict[str, Any] | None = None,
+        source_event_seqs: Sequence[int] | None = None,
+    ) -> Event:
+        """Validate, copy and append one event; return the logged (frozen) event."""
+        plan = self.plan((EventDraft(type, data, surface_op, source_event_seqs),))
+        return self.commit(plan)[0]
+
+    def append_batch(self, drafts: Sequence[EventDraft]) -> tuple[Event, ...]:
+        """Append a batch: it lands whole, or raises and changes nothing."""
+        return self.commit(self.plan(drafts))
+
+    def plan(self, drafts: Sequence[EventDraft], *, time_ms: int | None = None) -> AppendPlan:
+        """Validate a batch against the current state without changing anything.
+
+        Raises the first rule a draft breaks. The plan can be committed only while
+        the session has not changed since (see :meth:`commit`).
+        """
+        base = len(self._events)
+        now = self._clock() if time_ms is None else time_ms
+        # Replaces need positions that reflect earlier drafts of the batch: they are
+        # planned against a private clone. Appends never read surface state.
+        needs_clone = len(drafts) > 1 and any(
+            d.surface_op is not None and d.surface_op != APPEND for d in drafts
+        )
+        state = self._surface.clone() if needs_clone else self._surface
+        events: list[Event] = []
+        plans: list[SurfacePlan] = []
+        vstate = self._vstate
+        log = self._events
+
+        def event_at(seq: int) -> Event:
+            return log[seq] if seq < base else events[seq - base]
+
+        for k, d in enumerate(drafts):
+            event, sp = self._plan_one(d, base + k, now, state, event_at)
+            if self._validator is not None:
+                vstate = self._validator.check(vstate, event)
+            if needs_clone:
+                state.apply(sp)
+            events.append(event)
+            plans.append(sp)
+        return AppendPlan(
+            self, base, tuple(events), tuple(plans), state if needs_clone else None, vstate
+        )
+
+    def _plan_one(
+        self,
+        d: EventDraft,
+        seq: int,
+        now: int,
+        state: SurfaceState,
+        event_at: Callable[[int], Event],
+    ) -> tuple[Event, SurfacePlan]:
+        type_ = d.type
+        if type(type_) is not str:
+            raise EventError(f"session event type must be a string, got {type_!r}", session_id=self.id)
+        ok, data = try_snapshot_raw(d.data)
+        if not ok:
+            raise NotJsonError(f"{_label(type_)} carries non-JSON-serializable data", session_id=self.id)
+        if type_ == _LEGACY_DELTA:
+            raise EventError(
+                f"{_label(type_)} uses unsupported legacy request/header-delta format",
+                session_id=self.id,
+            )
+        if _is_fallback_header(type_, data):
+            raise EventError(
+                f'{_label(type_)} uses unsupported legacy request/header reason "fallback"',
+                session_id=self.id,
+            )
+        raw_op: Any = _MISSING
+        raw_src: Any = _MISSING
+        op = d.surface_op
+        if op is not None:
+            if isinstance(op, ReplaceOp):
+                raw_op = op.to_raw()
+            else:
+                ok, raw_op = try_snapshot_raw(op)
+                if not ok:
+                    raise NotJsonError(
+                        f"{_label(type_)} carries non-JSON-serializable surface metadata",
+                        session_id=self.id,
+                    )
+        if d.source_event_seqs is not None:
+            src = d.source_event_seqs
+            ok, raw_src = try_snapshot_raw(list(src) if type(src) is tuple else src)
+            if not ok:
+                raise NotJsonError(
+                    f"{_label(type_)} carries non-JSON-serializable surface metadata",
+                    session_id=self.id,
+                )
+        try:
+            sp = plan_surface(
+                state,
+                type_=type_,
+                seq=seq,
+                expected_seq=seq,
+                data=data,
+                surface_op=raw_op,
+                source_event_seqs=raw_src,
+                event_at=event_at,
+            )
+        except SurfaceError as exc:
+            exc.session_id = self.id
+            raise
+        return Event(type_, seq, now, view(data), sp.surface_op, sp.source_event_seqs), sp
+
+    def commit(self, plan: AppendPlan) -> tuple[Event, ...]:
+        """Apply a plan made by :meth:`plan` on this session's current state.
+
+        Raises :class:`SessionError` (nothing changes) if the plan belongs to another
+        session or the log changed after it was planned.
+        """
+        if plan.session is not self or plan.base_seq != len(self._events):
+            raise SessionError(
+                f'stale append plan for session "{self.id}": planned at seq {plan.base_seq}, '
+                f"log is at seq {len(self._events)}",
+                session_id=self.id,
+            )
+        if plan.surface is not None:
+            self._surface = plan.surface
+        else:
+            apply = self._surface.apply
+            for sp in plan.plans:
+                apply(sp)
+        for ev in plan.events:
+            self._note(ev)
+        self._events.extend(plan.events)
+        self._vstate = plan.validator_state
+        return plan.events
+
+    def __repr__(self) -> str:
+        return f"<Session {self.id!r} seq={self.seq} surface={len(self._surface.nodes)}>"
+
+
+_PRIVATE: Final = object()
+
