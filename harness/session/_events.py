@@ -129,8 +129,12 @@ class Event:
 
 
 def event_to_record(event: Event) -> dict[str, Any]:
-    """The plain record orjson writes: key order type, seq, time, data, [sourceEventSeqs],
-    [surfaceOp], [ignorable]."""
+    """The record orjson writes: key order type, seq, time, data, [sourceEventSeqs],
+    [surfaceOp], [ignorable].
+
+    The record shares the event's frozen tree (arrays may be tuples): serialise it, or
+    pass it through :func:`~harness.session.thaw` for a plain, mutable copy.
+    """
     rec: dict[str, Any] = {
         "type": event.type,
         "seq": event.seq,

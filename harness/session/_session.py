@@ -194,6 +194,7 @@ class Session:
         "_header",
         "_last_context",
         "_last_header",
+        "_sid",
         "_surface",
         "_validator",
         "_vstate",
@@ -211,6 +212,7 @@ class Session:
         self._vstate: Any = None
         self._last_header = -1
         self._last_context = -1
+        self._sid = ""
         self._header: SessionHeader
 
     # -- construction ---------------------------------------------------------------
@@ -306,6 +308,7 @@ class Session:
         if type(session_id) is not str or not session_id:
             raise SessionError(f"session id must be a non-empty string, got {session_id!r}")
         self = cls(_token=_PRIVATE)
+        self._sid = session_id
         self._clock = clock
         self._validator = validator
         self._vstate = validator.initial() if validator is not None else None
@@ -370,14 +373,14 @@ class Session:
     def _seed_record(self, i: int, rec: dict[str, Any]) -> None:
         if not valid_envelope(rec):
             raise EventError(
-                f"seed event at index {i} has an invalid event envelope", session_id=self.id
+                f"seed event at index {i} has an invalid event envelope", session_id=self._sid
             )
         self._seed_one(i, rec["type"], rec["data"], None, rec)
 
     def _seed_one(
         self, i: int, type_: str, data: RawJson, event: Event | None, rec: dict[str, Any] | None
     ) -> None:
-        sid = self.id if hasattr(self, "_header") else None
+        sid = self._sid
         if type_ == _LEGACY_DELTA:
             raise EventError(
                 f"seed event at index {i} uses unsupported legacy request/header-delta format",
@@ -569,19 +572,19 @@ class Session:
     ) -> tuple[Event, SurfacePlan]:
         type_ = d.type
         if type(type_) is not str:
-            raise EventError(f"session event type must be a string, got {type_!r}", session_id=self.id)
+            raise EventError(f"session event type must be a string, got {type_!r}", session_id=self._sid)
         ok, data = try_snapshot_raw(d.data)
         if not ok:
-            raise NotJsonError(f"{_label(type_)} carries non-JSON-serializable data", session_id=self.id)
+            raise NotJsonError(f"{_label(type_)} carries non-JSON-serializable data", session_id=self._sid)
         if type_ == _LEGACY_DELTA:
             raise EventError(
                 f"{_label(type_)} uses unsupported legacy request/header-delta format",
-                session_id=self.id,
+                session_id=self._sid,
             )
         if _is_fallback_header(type_, data):
             raise EventError(
                 f'{_label(type_)} uses unsupported legacy request/header reason "fallback"',
-                session_id=self.id,
+                session_id=self._sid,
             )
         raw_op: Any = _MISSING
         raw_src: Any = _MISSING
@@ -594,7 +597,7 @@ class Session:
                 if not ok:
                     raise NotJsonError(
                         f"{_label(type_)} carries non-JSON-serializable surface metadata",
-                        session_id=self.id,
+                        session_id=self._sid,
                     )
         if d.source_event_seqs is not None:
             src = d.source_event_seqs
@@ -602,7 +605,7 @@ class Session:
             if not ok:
                 raise NotJsonError(
                     f"{_label(type_)} carries non-JSON-serializable surface metadata",
-                    session_id=self.id,
+                    session_id=self._sid,
                 )
         try:
             sp = plan_surface(
@@ -616,7 +619,7 @@ class Session:
                 event_at=event_at,
             )
         except SurfaceError as exc:
-            exc.session_id = self.id
+            exc.session_id = self._sid
             raise
         return Event(type_, seq, now, view(data), sp.surface_op, sp.source_event_seqs), sp
 
@@ -630,7 +633,7 @@ class Session:
             raise SessionError(
                 f'stale append plan for session "{self.id}": planned at seq {plan.base_seq}, '
                 f"log is at seq {len(self._events)}",
-                session_id=self.id,
+                session_id=self._sid,
             )
         if plan.surface is not None:
             self._surface = plan.surface

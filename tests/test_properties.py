@@ -1,0 +1,80 @@
+"""Hypothesis properties of the session core."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from harness.errors import SessionError
+from harness.session import EventDraft, ReplaceOp, Session, derive_event_message, fold_surface
+from tests.helpers import user
+
+Op = tuple[str, Any]
+
+
+def random_ops() -> st.SearchStrategy[list[Op]]:
+    step = st.one_of(
+        st.tuples(st.just("append"), st.sampled_from(["user/message", "assistant/message", "tool/result", "turn/start", "x/y"])),
+        st.tuples(st.just("replace"), st.tuples(st.integers(0, 30), st.integers(0, 30), st.booleans())),
+        st.tuples(st.just("bad"), st.integers(0, 3)),
+    )
+    return st.lists(step, max_size=40)
+
+
+def draft_for(s: Session, op: Op) -> EventDraft:
+    kind, arg = op
+    n = s.seq
+    if kind == "append":
+        if arg == "user/message":
+            return EventDraft(arg, user(f"u{n}"), "append")
+        if arg == "assistant/message":
+            return EventDraft(arg, {"turn": 1, "step": 1, "message": {"id": f"a{n}", "role": "assistant", "content": [] if n % 3 == 0 else [{"type": "text", "text": "t"}], "source": {"kind": "model", "provider": "p", "model": "m"}}}, "append")
+        if arg == "tool/result":
+            return EventDraft(arg, {"turn": 1, "step": 1, "message": {"id": f"r{n}", "role": "user", "content": [{"type": "tool-result", "toolCallId": "c", "content": []}], "source": {"kind": "tool", "callId": "c"}}}, "append")
+        return EventDraft(arg, {"n": n})
+    if kind == "replace":
+        i, j, cite_all = arg
+        nodes = list(s.surface)
+        if not nodes:
+            return EventDraft("user/message", user(f"s{n}"), ReplaceOp(i, j), [])
+        a, b = nodes[i % len(nodes)], nodes[j % len(nodes)]
+        lo, hi = sorted((nodes.index(a), nodes.index(b)))
+        cited = nodes[lo : hi + 1] if cite_all else nodes[lo : hi + 1][1:]
+        return EventDraft("user/message", user(f"s{n}"), ReplaceOp(a, b), cited or None)
+    return [
+        EventDraft("turn/start", {}, "append"),
+        EventDraft("user/message", user(), None),
+        EventDraft("user/message", user(), ReplaceOp(10_000, 0)),
+        EventDraft("user/message", {"x": {1}}, "append"),
+    ][arg]
+
+
+def state_of(s: Session) -> tuple[Any, ...]:
+    return (s.seq, tuple(s.surface), s.generation, tuple(s.events), tuple(s.derive_messages()))
+
+
+@settings(max_examples=150, deadline=None)
+@given(random_ops(), st.integers(1, 4))
+def test_live_state_matches_fold_and_rejections_change_nothing(ops: list[Op], batch: int) -> None:
+    s = Session.create("p", clock=lambda: 1)
+    pending: list[EventDraft] = []
+    for op in ops:
+        pending.append(draft_for(s, op))
+        if len(pending) < batch:
+            continue
+        before = state_of(s)
+        try:
+            s.append_batch(pending)
+        except SessionError:
+            # (c) a rejected batch leaves the session exactly as it was
+            assert state_of(s) == before
+        pending = []
+        # (a) the live surface equals a fold from scratch
+        assert tuple(s.surface) == fold_surface(list(s.events)).nodes
+        # (b) incremental derive equals derive from scratch
+        scratch = [m for seq in fold_surface(list(s.events)).nodes if (m := derive_event_message(s.event(seq))) is not None]
+        assert list(s.derive_messages()) == scratch
+        rebuilt = Session.create("p", list(s.events))
+        assert list(rebuilt.derive_messages()) == scratch
