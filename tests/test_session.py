@@ -190,7 +190,7 @@ def test_replace_errors() -> None:
         s.append("user/message", user(), surface_op=ReplaceOp(3, 1))
     with pytest.raises(SurfaceError, match="must include every shadowed surface node; missing 1, 2, 3"):
         s.append("user/message", user(), surface_op=ReplaceOp(1, 3))
-    with pytest.raises(SurfaceError, match="missing 2$"):
+    with pytest.raises(SurfaceError, match=r"missing 2$"):
         s.append("user/message", user(), surface_op=ReplaceOp(1, 3), source_event_seqs=[1, 3, 0])
     assert s.seq == 5 and list(s.surface) == [0, 1, 2, 3, 4] and s.generation == 0
 
