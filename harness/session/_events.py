@@ -11,7 +11,7 @@ from typing import Any, Final, Literal, TypeAlias
 
 import attrs
 
-from harness.session._json import JsonValue, RawJson, raw_of
+from harness.session._json import JsonValue, RawJson, raw_equal, raw_of, view
 
 SAFE_INT_MAX: Final = 2**53 - 1
 
@@ -102,21 +102,43 @@ SurfaceOp: TypeAlias = Literal["append"] | ReplaceOp
 APPEND: Final = "append"
 
 
-@attrs.frozen(slots=True, eq=True, repr=False)
+@attrs.frozen(slots=True, eq=False, repr=False)
 class Event:
     """One immutable log entry.
 
     Construct events through :class:`~harness.session.Session` (append, seed or
-    restore), which validates them; direct construction skips every check.
+    restore), which validates them; direct construction skips every check. The
+    ``data`` argument is a raw tree the event takes ownership of (or a frozen value).
     """
 
     type: str
     seq: int
     time: int
-    data: JsonValue
+    # The raw tree, not its view: one GC-tracked object less per event (decision 0003).
+    _data: RawJson
     surface_op: SurfaceOp | None = None
     source_event_seqs: tuple[int, ...] | None = None
     ignorable: bool = False
+
+    @property
+    def data(self) -> JsonValue:
+        """The payload as a frozen JSON value."""
+        return view(self._data)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Event):
+            return NotImplemented
+        return (
+            self.seq == other.seq
+            and self.type == other.type
+            and self.time == other.time
+            and self.surface_op == other.surface_op
+            and self.source_event_seqs == other.source_event_seqs
+            and self.ignorable == other.ignorable
+            and raw_equal(raw_of(self._data), raw_of(other._data))
+        )
+
+    __hash__ = None  # type: ignore[assignment]
 
     @property
     def is_surface(self) -> bool:
@@ -139,7 +161,7 @@ def event_to_record(event: Event) -> dict[str, Any]:
         "type": event.type,
         "seq": event.seq,
         "time": event.time,
-        "data": raw_of(event.data),
+        "data": raw_of(event._data),
     }
     if event.source_event_seqs is not None:
         rec["sourceEventSeqs"] = event.source_event_seqs

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from typing import Any, Final
 
 from harness.session._events import APPEND, Event
-from harness.session._json import ARRAY, adopt, raw_of
+from harness.session._json import ARRAY, raw_of
 
 OUTCOME_UNKNOWN_TEXT: Final = (
     "The tool call was interrupted after it was recorded, but no result was durably recorded. "
@@ -99,21 +99,21 @@ def interrupted_turn_closers(events: Sequence[Event]) -> list[Event]:
                 "tool/result",
                 seq,
                 when,
-                adopt(data),
+                data,
                 APPEND,
                 (info["call_seq"],) if known else None,
             )
         )
         seq += 1
     if open_step is not None:
-        out.append(Event("step/end", seq, when, adopt({"turn": open_turn, "step": open_step})))
+        out.append(Event("step/end", seq, when, {"turn": open_turn, "step": open_step}))
         seq += 1
     out.append(
         Event(
             "turn/end",
             seq,
             when,
-            adopt({"turn": open_turn, "reason": {"kind": "interrupted"}}),
+            {"turn": open_turn, "reason": {"kind": "interrupted"}},
         )
     )
     return out

@@ -36,10 +36,8 @@ from harness.session._json import (
     FrozenDict,
     JsonValue,
     RawJson,
-    adopt,
     raw_of,
     try_snapshot_raw,
-    view,
 )
 from harness.session._request_header import canonical_header
 from harness.session._shape import MESSAGE_TYPES, check_message_shape, check_request_header
@@ -325,7 +323,6 @@ class Session:
         nodes = surface.nodes
         fast_keys = _FAST_KEYS
         message_types = MESSAGE_TYPES
-        wrap = _wrap_dict
         safe = SAFE_INT_MAX
         if self._validator is not None:
             for i, rec in enumerate(records):
@@ -362,11 +359,11 @@ class Session:
                     continue
                 pos[i] = len(nodes)
                 nodes.append(i)
-                push(Event(t, i, tm, wrap(data), APPEND, None, False))
+                push(Event(t, i, tm, data, APPEND, None, False))
             elif op is _MISSING and t != _LEGACY_DELTA:
                 if t == "request/context":
                     self._last_context = i
-                push(Event(t, i, tm, wrap(data), None, None, False))
+                push(Event(t, i, tm, data, None, None, False))
             else:
                 self._seed_record(i, rec)
 
@@ -428,7 +425,7 @@ class Session:
                 type_,
                 seq,
                 rec["time"],  # type: ignore[index]
-                adopt(data),
+                data,
                 plan.surface_op,
                 plan.source_event_seqs,
                 "ignorable" in rec,  # type: ignore[operator]
@@ -621,7 +618,7 @@ class Session:
         except SurfaceError as exc:
             exc.session_id = self._sid
             raise
-        return Event(type_, seq, now, view(data), sp.surface_op, sp.source_event_seqs), sp
+        return Event(type_, seq, now, data, sp.surface_op, sp.source_event_seqs), sp
 
     def commit(self, plan: AppendPlan) -> tuple[Event, ...]:
         """Apply a plan made by :meth:`plan` on this session's current state.
