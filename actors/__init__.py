@@ -1,3 +1,26 @@
-"""The domain-free actor kernel on Trio (never imports ``harness``)."""
+"""The domain-free actor kernel on Trio (never imports ``harness``).
 
-__all__: list[str] = []
+* :class:`Actor` / :class:`ActorRef` — one task owning its state, a bounded mailbox,
+  ``call`` (request/reply, exceptions re-raised in the caller) and ``cast``.
+* :class:`ActorRuntime` — the nursery that owns actors and stops them in order.
+* :class:`Lifetime`, :class:`Owner`, :func:`run_abandonable` — owner / caller / teardown
+  cancellation with deterministic disposal of abandoned results.
+"""
+
+from actors._actor import Actor, ActorRef
+from actors._errors import ActorCrashedError, ActorError, ActorStoppedError, LifetimeClosedError
+from actors._lifetimes import Lifetime, Owner, run_abandonable
+from actors._runtime import ActorRuntime
+
+__all__ = [
+    "Actor",
+    "ActorCrashedError",
+    "ActorError",
+    "ActorRef",
+    "ActorRuntime",
+    "ActorStoppedError",
+    "Lifetime",
+    "LifetimeClosedError",
+    "Owner",
+    "run_abandonable",
+]

@@ -1,0 +1,207 @@
+"""Actors: one Trio task owning its state, reading a bounded mailbox one message at a time."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from enum import Enum
+from typing import Any, ClassVar, Generic, TypeVar, final
+
+import outcome
+import trio
+
+from actors._errors import ActorCrashedError, ActorStoppedError
+
+log = logging.getLogger("actors")
+
+M = TypeVar("M")
+
+
+class _State(Enum):
+    QUEUED = "queued"
+    TAKEN = "taken"
+    WITHDRAWN = "withdrawn"
+    DONE = "done"
+
+
+class _Envelope:
+    __slots__ = ("done", "message", "reply", "result", "state")
+
+    def __init__(self, message: Any, reply: bool) -> None:
+        self.message = message
+        self.reply = reply
+        self.state = _State.QUEUED
+        self.result: outcome.Outcome[Any] | None = None
+        self.done = trio.Event() if reply else None
+
+
+class Actor(Generic[M]):
+    """Subclass and implement :meth:`handle`; optionally :meth:`on_stop`.
+
+    Exceptions of the types in :attr:`rejections` are *replies*: the caller gets
+    them with their type intact and the actor goes on. Any other exception is a
+    crash: the failing caller gets it, every pending and later call fails with
+    :class:`ActorCrashedError`, and the runtime's supervisor is told.
+    """
+
+    rejections: ClassVar[tuple[type[Exception], ...]] = ()
+    mailbox_size: ClassVar[int] = 64
+
+    name: str = "actor"
+
+    async def handle(self, message: M) -> Any:
+        raise NotImplementedError
+
+    async def on_stop(self) -> None:
+        """Called once, after the mailbox is drained, when the actor stops normally."""
+
+
+@final
+class ActorRef(Generic[M]):
+    """A cheap handle to send messages to one actor.
+
+    Cancellation contract of :meth:`call` (and of :meth:`cast` while it waits for
+    mailbox space): if the caller is cancelled *before* the actor takes the message,
+    the message is withdrawn and never applied; if it is cancelled *after*, the
+    caller gets ``Cancelled`` and the message is still applied to completion.
+    """
+
+    __slots__ = ("_cell", "_send", "name")
+
+    def __init__(self, name: str, send: trio.MemorySendChannel[_Envelope], cell: _Cell) -> None:
+        self.name = name
+        self._send = send
+        self._cell = cell
+
+    @property
+    def alive(self) -> bool:
+        """False once the actor stopped accepting messages (stopped or crashed)."""
+        return self._cell.crash is None and not self._cell.closing
+
+    async def call(self, message: M) -> Any:
+        """Send ``message`` and wait for the handler's result (or its exception).
+
+        Backpressure: waits while the mailbox is full. Raises
+        :class:`ActorStoppedError` if the actor no longer accepts messages and
+        :class:`ActorCrashedError` if it crashed.
+        """
+        env = _Envelope(message, reply=True)
+        await self._enqueue(env)
+        assert env.done is not None
+        try:
+            await env.done.wait()
+        except BaseException:
+            if env.state is _State.QUEUED:
+                env.state = _State.WITHDRAWN
+            raise
+        assert env.result is not None
+        return env.result.unwrap()
+
+    async def cast(self, message: M) -> None:
+        """Send ``message`` without waiting for it to be handled (waits for space only)."""
+        await self._enqueue(_Envelope(message, reply=False))
+
+    def cast_nowait(self, message: M) -> None:
+        """Send without waiting; raises ``trio.WouldBlock`` if the mailbox is full."""
+        self._check()
+        try:
+            self._send.send_nowait(_Envelope(message, reply=False))
+        except (trio.ClosedResourceError, trio.BrokenResourceError):
+            self._raise_stopped()
+
+    async def _enqueue(self, env: _Envelope) -> None:
+        self._check()
+        try:
+            await self._send.send(env)
+        except (trio.ClosedResourceError, trio.BrokenResourceError):
+            self._raise_stopped()
+
+    def _check(self) -> None:
+        if self._cell.crash is not None:
+            raise ActorCrashedError(self.name, self._cell.crash)
+        if self._cell.closing:
+            raise ActorStoppedError(f"actor {self.name!r} is stopped")
+
+    def _raise_stopped(self) -> None:
+        if self._cell.crash is not None:
+            raise ActorCrashedError(self.name, self._cell.crash) from self._cell.crash
+        raise ActorStoppedError(f"actor {self.name!r} is stopped")
+
+    def __repr__(self) -> str:
+        return f"<ActorRef {self.name}>"
+
+
+class _Cell:
+    """Shared run state of one actor (its ref, its loop and the runtime see it)."""
+
+    __slots__ = ("closing", "crash", "stopped")
+
+    def __init__(self) -> None:
+        self.closing = False
+        self.crash: BaseException | None = None
+        self.stopped = trio.Event()
+
+
+async def run_actor(
+    actor: Actor[Any],
+    receive: trio.MemoryReceiveChannel[_Envelope],
+    cell: _Cell,
+    on_crash: Callable[[str, BaseException], None],
+) -> None:
+    """The actor's task: handle messages until the mailbox closes, then stop.
+
+    Whatever way it exits (normal stop, crash, cancellation), no envelope is left
+    without an answer: the current and all queued calls are failed.
+    """
+    current: _Envelope | None = None
+    try:
+        async for env in receive:
+            if env.state is _State.WITHDRAWN:
+                continue
+            env.state = _State.TAKEN
+            current = env
+            try:
+                result = await actor.handle(env.message)
+            except actor.rejections as exc:
+                _finish(env, outcome.Error(exc))
+                if not env.reply:
+                    log.warning("actor %r: cast %r rejected: %r", actor.name, env.message, exc)
+            except trio.Cancelled:
+                raise
+            except Exception as exc:
+                cell.crash = exc
+                _finish(env, outcome.Error(exc))
+                on_crash(actor.name, exc)
+                return
+            else:
+                _finish(env, outcome.Value(result))
+            current = None
+        with trio.CancelScope(shield=True):
+            # Shielded and local: a normal stop always runs the actor's shutdown,
+            # even if the runtime is being cancelled meanwhile.
+            await actor.on_stop()
+    finally:
+        cell.closing = True
+        failure = (
+            ActorCrashedError(actor.name, cell.crash)
+            if cell.crash is not None
+            else ActorStoppedError(f"actor {actor.name!r} stopped before handling the message")
+        )
+        if current is not None and current.state is _State.TAKEN:
+            _finish(current, outcome.Error(failure))
+        while True:
+            try:
+                env = receive.receive_nowait()
+            except (trio.WouldBlock, trio.EndOfChannel, trio.ClosedResourceError):
+                break
+            if env.state is _State.QUEUED:
+                _finish(env, outcome.Error(failure))
+        receive.close()
+        cell.stopped.set()
+
+
+def _finish(env: _Envelope, result: outcome.Outcome[Any]) -> None:
+    env.state = _State.DONE
+    if env.done is not None:
+        env.result = result
+        env.done.set()

@@ -1,0 +1,41 @@
+"""The actor kernel's exception hierarchy (domain-free: no harness imports)."""
+
+from __future__ import annotations
+
+
+class ActorError(Exception):
+    """Root of every error the actor kernel raises."""
+
+    code = "ACTOR_ERROR"
+
+
+class ActorStoppedError(ActorError):
+    """The actor no longer accepts messages (its runtime is stopping or stopped)."""
+
+    code = "ACTOR_STOPPED"
+
+
+class ActorCrashedError(ActorError):
+    """The actor crashed: a handler raised an unexpected exception (chained as the cause)."""
+
+    code = "ACTOR_CRASHED"
+
+    def __init__(self, actor: str, cause: BaseException) -> None:
+        super().__init__(f"actor {actor!r} crashed: {cause!r}")
+        self.actor = actor
+        self.__cause__ = cause
+
+
+class LifetimeClosedError(ActorError):
+    """A wait was abandoned because a lifetime (owner or teardown) closed.
+
+    ``reason`` is the value the lifetime was closed with (never lost in a bare
+    ``Cancelled``); ``lifetime`` names it.
+    """
+
+    code = "LIFETIME_CLOSED"
+
+    def __init__(self, lifetime: str, reason: object) -> None:
+        super().__init__(f"{lifetime} closed: {reason}")
+        self.lifetime = lifetime
+        self.reason = reason

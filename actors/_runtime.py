@@ -1,0 +1,116 @@
+"""The runtime: a nursery that owns actors and stops them in order."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from types import TracebackType
+from typing import Any, TypeVar
+
+import trio
+
+from actors._actor import Actor, ActorRef, _Cell, _Envelope, run_actor
+from actors._errors import ActorStoppedError
+from actors._lifetimes import Lifetime
+
+log = logging.getLogger("actors")
+
+A = TypeVar("A", bound=Actor[Any])
+
+Supervisor = Callable[[str, BaseException], None]
+
+
+def _log_crash(name: str, exc: BaseException) -> None:
+    log.error("actor %r crashed", name, exc_info=exc)
+
+
+class ActorRuntime:
+    """Owns a nursery of actors. Use with ``async with``.
+
+    Leaving the block stops every actor in reverse spawn order: stop accepting,
+    drain what is queued, run ``on_stop``, close. If the block raises or is
+    cancelled, actors are cancelled instead of drained; no caller is left hanging
+    either way (pending calls fail with :class:`ActorStoppedError`).
+
+    ``teardown`` is a :class:`Lifetime` closed when the runtime begins to stop:
+    long waits bound to it (see :func:`run_abandonable`) end at that moment.
+    """
+
+    def __init__(self, *, supervisor: Supervisor = _log_crash, name: str = "runtime") -> None:
+        self._supervisor = supervisor
+        self._nursery: trio.Nursery | None = None
+        self._manager: Any = None
+        self._actors: list[tuple[ActorRef[Any], _Cell, trio.MemorySendChannel[_Envelope]]] = []
+        self._accepting = False
+        self.crashes: list[tuple[str, BaseException]] = []
+        self.teardown = Lifetime(f"{name} teardown")
+
+    @property
+    def nursery(self) -> trio.Nursery:
+        """The long-lived nursery (for tasks that must outlive a caller's wait)."""
+        if self._nursery is None:
+            raise ActorStoppedError("runtime is not running")
+        return self._nursery
+
+    async def __aenter__(self) -> ActorRuntime:
+        self._manager = trio.open_nursery()
+        self._nursery = await self._manager.__aenter__()
+        self._accepting = True
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool | None:
+        self._accepting = False
+        self.teardown.close("runtime stopping")
+        nursery = self.nursery
+        try:
+            if exc is None:
+                with trio.CancelScope(shield=True):
+                    # Orderly stop: each actor drains and runs on_stop before the
+                    # next (reverse spawn order: dependents stop before what they use).
+                    for _ref, cell, send in reversed(self._actors):
+                        cell.closing = True
+                        send.close()
+                        await cell.stopped.wait()
+            else:
+                nursery.cancel_scope.cancel()
+        finally:
+            for _, cell, send in self._actors:
+                cell.closing = True
+                send.close()
+            result: bool | None = await self._manager.__aexit__(exc_type, exc, tb)
+            self._nursery = None
+        return result
+
+    def spawn(self, actor: A) -> ActorRef[Any]:
+        """Start ``actor`` in this runtime and return its ref (synchronous)."""
+        if not self._accepting or self._nursery is None:
+            raise ActorStoppedError("runtime is not accepting new actors")
+        send, receive = trio.open_memory_channel[_Envelope](actor.mailbox_size)
+        cell = _Cell()
+        ref: ActorRef[Any] = ActorRef(actor.name, send, cell)
+        self._actors.append((ref, cell, send))
+
+        def on_crash(name: str, exc: BaseException) -> None:
+            self.crashes.append((name, exc))
+            self._supervisor(name, exc)
+
+        self._nursery.start_soon(run_actor, actor, receive, cell, on_crash, name=f"actor:{actor.name}")
+        return ref
+
+    async def stop(self, ref: ActorRef[Any]) -> None:
+        """Stop one actor in order (drain, on_stop) and wait until it has stopped.
+
+        Cancelling the caller stops the wait, not the stop.
+        """
+        for r, cell, send in self._actors:
+            if r is ref:
+                cell.closing = True
+                send.close()
+                await cell.stopped.wait()
+                self._actors = [a for a in self._actors if a[0] is not ref]
+                return

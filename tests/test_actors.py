@@ -1,0 +1,302 @@
+"""The actor kernel: call/cast, cancellation contract, crashes, ordered stop, lifetimes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import trio
+import trio.lowlevel
+import trio.testing
+
+from actors import (
+    Actor,
+    ActorCrashedError,
+    ActorRuntime,
+    ActorStoppedError,
+    Lifetime,
+    LifetimeClosedError,
+    Owner,
+    run_abandonable,
+)
+
+
+class Rejected(Exception):
+    pass
+
+
+class Counter(Actor[Any]):
+    rejections = (Rejected,)
+    mailbox_size = 2
+
+    def __init__(self, name: str = "counter", log: list[str] | None = None) -> None:
+        self.name = name
+        self.applied: list[Any] = []
+        self.gate: trio.Event | None = None
+        self.log = log if log is not None else []
+
+    async def handle(self, message: Any) -> Any:
+        if message == "reject":
+            raise Rejected("no")
+        if message == "boom":
+            raise ZeroDivisionError("bug")
+        if message == "wait":
+            assert self.gate is not None
+            await self.gate.wait()
+        self.applied.append(message)
+        return len(self.applied)
+
+    async def on_stop(self) -> None:
+        self.log.append(f"stop:{self.name}:{len(self.applied)}")
+
+
+async def test_call_returns_and_rejections_keep_their_type() -> None:
+    async with ActorRuntime() as rt:
+        a = Counter()
+        ref = rt.spawn(a)
+        assert await ref.call("x") == 1
+        with pytest.raises(Rejected):
+            await ref.call("reject")
+        assert await ref.call("y") == 2  # a rejection is not a crash
+        await ref.cast("z")
+    assert a.applied == ["x", "y", "z"]
+
+
+async def test_cancelled_before_taken_is_withdrawn() -> None:
+    async with ActorRuntime() as rt:
+        a = Counter()
+        a.gate = trio.Event()
+        ref = rt.spawn(a)
+        async with trio.open_nursery() as n:
+            n.start_soon(ref.call, "wait")
+            await trio.testing.wait_all_tasks_blocked()
+            with trio.move_on_after(0.01):
+                await ref.call("withdrawn")  # queued behind "wait", then cancelled
+            a.gate.set()
+        assert await ref.call("after") == 2
+    assert a.applied == ["wait", "after"]
+
+
+async def test_cancelled_after_taken_is_still_applied() -> None:
+    async with ActorRuntime() as rt:
+        a = Counter()
+        a.gate = trio.Event()
+        ref = rt.spawn(a)
+        with trio.move_on_after(0.01) as scope:
+            await ref.call("wait")
+        assert scope.cancelled_caught
+        a.gate.set()
+        assert await ref.call("next") == 2
+    assert a.applied == ["wait", "next"]
+
+
+async def test_full_mailbox_applies_backpressure() -> None:
+    async with ActorRuntime() as rt:
+        a = Counter()
+        a.gate = trio.Event()
+        ref = rt.spawn(a)
+        await ref.cast("wait")
+        await trio.testing.wait_all_tasks_blocked()
+        await ref.cast(1)
+        await ref.cast(2)
+        with trio.move_on_after(0.01) as scope:
+            await ref.cast(3)  # mailbox (size 2) is full: the sender waits
+        assert scope.cancelled_caught
+        a.gate.set()
+    assert a.applied == ["wait", 1, 2]
+
+
+async def test_crash_fails_pending_and_later_calls_and_reports() -> None:
+    seen: list[str] = []
+    async with ActorRuntime(supervisor=lambda name, exc: seen.append(name)) as rt:
+        a = Counter("crashy")
+        a.gate = trio.Event()
+        ref = rt.spawn(a)
+        results: list[BaseException] = []
+
+        async def pending() -> None:
+            try:
+                await ref.call("never")
+            except BaseException as exc:
+                results.append(exc)
+
+        async def crashing() -> None:
+            with pytest.raises(ZeroDivisionError):  # the failing caller gets the original
+                await ref.call("boom")
+
+        async with trio.open_nursery() as n:
+            n.start_soon(ref.call, "wait")
+            await trio.testing.wait_all_tasks_blocked()
+            n.start_soon(crashing)
+            await trio.testing.wait_all_tasks_blocked()
+            n.start_soon(pending)  # queued behind the crash
+            await trio.testing.wait_all_tasks_blocked()
+            a.gate.set()
+        assert isinstance(results[0], ActorCrashedError) and "crashy" in str(results[0])
+        with pytest.raises(ActorCrashedError):
+            await ref.call("later")
+        assert seen == ["crashy"] and not ref.alive
+    assert a.applied == ["wait"]
+
+
+async def test_orderly_stop_drains_in_reverse_spawn_order() -> None:
+    log: list[str] = []
+    async with ActorRuntime() as rt:
+        first = rt.spawn(Counter("first", log))
+        second = rt.spawn(Counter("second", log))
+        await first.cast(1)
+        await second.cast(1)
+        await second.cast(2)
+    assert log == ["stop:second:2", "stop:first:1"]
+    with pytest.raises(ActorStoppedError):
+        await first.call(3)
+
+
+@pytest.mark.parametrize("how", ["error", "cancel"])
+async def test_stop_under_error_and_cancellation_leaves_no_caller_hanging(how: str) -> None:
+    # The callers live outside the runtime's scope: when the runtime dies (by an
+    # error in its block, or by cancellation), their pending calls must fail.
+    results: list[BaseException] = []
+    a = Counter()
+    a.gate = trio.Event()
+    refs: list[Any] = []
+    started = trio.Event()
+    stop = trio.Event()
+
+    async def host_runtime() -> None:
+        with trio.CancelScope() as scope:
+            try:
+                async with ActorRuntime() as rt:
+                    refs.append(rt.spawn(a))
+                    started.set()
+                    await stop.wait()
+                    if how == "error":
+                        raise KeyError("app failure")
+                    scope.cancel()
+                    await trio.sleep_forever()
+            except* KeyError:
+                pass
+
+    async def call(msg: str) -> None:
+        try:
+            await refs[0].call(msg)
+        except ActorStoppedError as exc:
+            results.append(exc)
+
+    async with trio.open_nursery() as n:
+        n.start_soon(host_runtime)
+        await started.wait()
+        n.start_soon(call, "wait")
+        await trio.testing.wait_all_tasks_blocked()
+        n.start_soon(call, "queued")
+        await trio.testing.wait_all_tasks_blocked()
+        stop.set()
+    assert len(results) == 2
+    assert a.applied == []
+
+
+# -- lifetimes and run_abandonable -------------------------------------------------
+
+
+class Prep:
+    def __init__(self) -> None:
+        self.started = 0
+        self.disposed: list[int] = []
+        self.late_errors: list[BaseException] = []
+        self.release = trio.Event()
+
+    async def op(self) -> int:
+        self.started += 1
+        n = self.started
+        with trio.CancelScope(shield=True):  # like a thread read: not interruptible
+            await self.release.wait()
+        return n
+
+    async def failing(self) -> int:
+        with trio.CancelScope(shield=True):
+            await self.release.wait()
+        raise OSError("disk gone")
+
+    async def dispose(self, value: int) -> None:
+        await trio.lowlevel.checkpoint()
+        self.disposed.append(value)
+
+
+async def test_abandonable_completes_normally() -> None:
+    p = Prep()
+    async with trio.open_nursery() as long_lived:
+        p.release.set()
+        owner, teardown = Lifetime("owner"), Lifetime("teardown")
+        assert await run_abandonable(long_lived, p.op, dispose=p.dispose, lifetimes=[owner, teardown]) == 1
+    assert p.disposed == []
+
+
+@pytest.mark.parametrize("canceller", ["caller", "owner", "teardown"])
+async def test_abandoned_result_is_disposed_once_before_nursery_exits(canceller: str) -> None:
+    p = Prep()
+    owner, teardown = Lifetime("owner"), Lifetime("teardown")
+    async with trio.open_nursery() as long_lived:
+        async def waiter() -> None:
+            with pytest.raises(trio.Cancelled if canceller == "caller" else LifetimeClosedError) as info:
+                await run_abandonable(long_lived, p.op, dispose=p.dispose, lifetimes=[owner, teardown])
+            if canceller != "caller":
+                assert info.value.reason == f"{canceller} gone"  # type: ignore[union-attr]
+
+        with trio.CancelScope() as caller_scope:
+            async with trio.open_nursery() as n:
+                n.start_soon(waiter)
+                await trio.testing.wait_all_tasks_blocked()
+                if canceller == "caller":
+                    caller_scope.cancel()
+                elif canceller == "owner":
+                    owner.close("owner gone")
+                else:
+                    teardown.close("teardown gone")
+        assert p.disposed == []  # the preparation has not finished yet
+        p.release.set()
+    assert p.disposed == [1]
+
+
+async def test_already_closed_lifetime_does_not_start_the_operation() -> None:
+    p = Prep()
+    owner = Lifetime("owner")
+    owner.close("gone")
+    async with trio.open_nursery() as long_lived:
+        with pytest.raises(LifetimeClosedError):
+            await run_abandonable(long_lived, p.op, dispose=p.dispose, lifetimes=[owner])
+    assert p.started == 0
+
+
+async def test_failure_after_abandonment_is_reported() -> None:
+    p = Prep()
+    owner = Lifetime("owner")
+    async with trio.open_nursery() as long_lived:
+        async def waiter() -> None:
+            with pytest.raises(LifetimeClosedError):
+                await run_abandonable(
+                    long_lived, p.failing, dispose=p.dispose, lifetimes=[owner], on_late_error=p.late_errors.append
+                )
+
+        async with trio.open_nursery() as n:
+            n.start_soon(waiter)
+            await trio.testing.wait_all_tasks_blocked()
+            owner.close("bye")
+        p.release.set()
+    assert [type(e) for e in p.late_errors] == [OSError] and p.disposed == []
+
+
+async def test_owner_closes_its_tasks() -> None:
+    ran: list[str] = []
+    async with Owner("app") as owner:
+        async def task() -> None:
+            try:
+                await trio.sleep_forever()
+            finally:
+                ran.append("cancelled")
+
+        owner.start_soon(task)
+        await trio.testing.wait_all_tasks_blocked()
+        await owner.aclose("done")
+    assert ran == ["cancelled"] and owner.reason == "done"
+    with pytest.raises(LifetimeClosedError):
+        owner.start_soon(task)
