@@ -8,9 +8,15 @@
 """
 
 from actors._actor import Actor, ActorRef
-from actors._errors import ActorCrashedError, ActorError, ActorStoppedError, LifetimeClosedError
+from actors._errors import (
+    ActorCrashedError,
+    ActorError,
+    ActorStoppedError,
+    LifetimeClosedError,
+    Rejected,
+)
 from actors._lifetimes import Lifetime, Owner, run_abandonable
-from actors._runtime import ActorRuntime
+from actors._runtime import ActorRuntime, Supervisor
 
 __all__ = [
     "Actor",
@@ -22,5 +28,7 @@ __all__ = [
     "Lifetime",
     "LifetimeClosedError",
     "Owner",
+    "Rejected",
+    "Supervisor",
     "run_abandonable",
 ]

@@ -10,7 +10,7 @@ from typing import Any, ClassVar, Generic, TypeVar, final
 import outcome
 import trio
 
-from actors._errors import ActorCrashedError, ActorStoppedError
+from actors._errors import ActorCrashedError, ActorStoppedError, Rejected
 
 log = logging.getLogger("actors")
 
@@ -38,8 +38,9 @@ class _Envelope:
 class Actor(Generic[M]):
     """Subclass and implement :meth:`handle`; optionally :meth:`on_stop`.
 
-    Exceptions of the types in :attr:`rejections` are *replies*: the caller gets
-    them with their type intact and the actor goes on. Any other exception is a
+    Exceptions of the types in :attr:`rejections`, and any exception wrapped in
+    :class:`Rejected`, are *replies*: the caller gets them with their type intact
+    and the actor goes on. Any other exception is a
     crash: the failing caller gets it, every pending and later call fails with
     :class:`ActorCrashedError`, and the runtime's supervisor is told.
     """
@@ -162,6 +163,10 @@ async def run_actor(
             current = env
             try:
                 result = await actor.handle(env.message)
+            except Rejected as carrier:
+                _finish(env, outcome.Error(carrier.error))
+                if not env.reply:
+                    log.warning("actor %r: cast %r rejected: %r", actor.name, env.message, carrier.error)
             except actor.rejections as exc:
                 _finish(env, outcome.Error(exc))
                 if not env.reply:

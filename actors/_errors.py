@@ -26,6 +26,18 @@ class ActorCrashedError(ActorError):
         self.__cause__ = cause
 
 
+class Rejected(Exception):
+    """Raise ``Rejected(exc)`` from a handler to reply with ``exc`` (any type).
+
+    The caller gets ``exc`` itself, with its type intact, and the actor goes on. Use
+    it for failures that are answers (e.g. a listener's veto), not bugs.
+    """
+
+    def __init__(self, error: BaseException) -> None:
+        super().__init__(error)
+        self.error = error
+
+
 class LifetimeClosedError(ActorError):
     """A wait was abandoned because a lifetime (owner or teardown) closed.
 

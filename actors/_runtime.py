@@ -82,8 +82,10 @@ class ActorRuntime:
             for _, cell, send in self._actors:
                 cell.closing = True
                 send.close()
-            result: bool | None = await self._manager.__aexit__(exc_type, exc, tb)
-            self._nursery = None
+            try:
+                result: bool | None = await self._manager.__aexit__(exc_type, exc, tb)
+            finally:
+                self._nursery = None
         return result
 
     def spawn(self, actor: A) -> ActorRef[Any]:

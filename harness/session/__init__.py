@@ -33,6 +33,7 @@ from harness.session._request_header import canonical_header, fold_request_heade
 from harness.session._session import (
     AppendPlan,
     AppendValidator,
+    Clock,
     EventDraft,
     Session,
     decode_records,
@@ -50,6 +51,7 @@ __all__ = [
     "SURFACE_TYPES",
     "AppendPlan",
     "AppendValidator",
+    "Clock",
     "Event",
     "EventDraft",
     "EventLog",

@@ -378,7 +378,7 @@ class FrozenDict(Mapping[str, "JsonValue"]):
     __hash__ = None  # type: ignore[assignment]
 
     def __repr__(self) -> str:
-        return f"FrozenDict({self._raw!r})"
+        return f"FrozenDict({thaw(self)!r})"
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (FrozenDict, (thaw(self),))
@@ -444,7 +444,7 @@ class FrozenList(Sequence["JsonValue"]):
     __hash__ = None  # type: ignore[assignment]
 
     def __repr__(self) -> str:
-        return f"FrozenList({self._raw!r})"
+        return f"FrozenList({thaw(self)!r})"
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (FrozenList, (thaw(self),))

@@ -1,0 +1,105 @@
+"""Messages understood by session and store actors (frozen values)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import attrs
+
+from harness.session import EventDraft, Session
+
+# -- session actor -------------------------------------------------------------------
+
+
+@attrs.frozen
+class Append:
+    """Append a batch: it lands whole or not at all."""
+
+    drafts: tuple[EventDraft, ...]
+
+
+@attrs.frozen
+class Derive:
+    """Return the model-visible messages."""
+
+
+@attrs.frozen
+class ForkPrefix:
+    """Validate a fork boundary and return the inclusive prefix (shared events)."""
+
+    boundary: object
+
+
+@attrs.frozen
+class CommitReplace:
+    """Append ``draft`` only if the surface still equals ``expected`` (atomically)."""
+
+    expected: tuple[int, ...]
+    draft: EventDraft
+
+
+@attrs.frozen
+class Barrier:
+    """Returns once every message queued before it has been handled."""
+
+
+# -- store actor -------------------------------------------------------------------------
+
+
+@attrs.frozen
+class Prepare:
+    session_id: str | None
+    seed: Sequence[Any] | None
+    meta: dict[str, Any]
+
+
+@attrs.frozen
+class Adopt:
+    """Take an already-built (e.g. restored) unpublished Session as a preparation."""
+
+    session: Session
+
+
+@attrs.frozen
+class Enter:
+    prepared: Any
+
+
+@attrs.frozen
+class Announce:
+    handle: Any
+
+
+@attrs.frozen
+class Detach:
+    handle: Any
+
+
+@attrs.frozen
+class Create:
+    session_id: str | None
+    seed: Sequence[Any] | None
+    meta: dict[str, Any]
+
+
+@attrs.frozen
+class Fork:
+    source: Any
+    boundary: object
+    child_id: str | None
+
+
+@attrs.frozen
+class Get:
+    session_id: str
+
+
+@attrs.frozen
+class List:
+    pass
+
+
+@attrs.frozen
+class Close:
+    """Detach every live session (the store is shutting down)."""

@@ -1,0 +1,423 @@
+"""The store actor: the one place that decides whether a session is live (reference §7-§8)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
+from typing import Any, final
+
+import trio
+
+from actors import Actor, ActorRef, ActorRuntime, ActorStoppedError, Rejected, Supervisor
+from harness.errors import (
+    ForkChildExistsError,
+    ForkSourceNotFoundError,
+    ForkSourceNotLiveError,
+    HarnessError,
+    SessionAlreadyAnnouncedError,
+    SessionAlreadyExistsError,
+    SessionAttachedError,
+    SessionNotLiveError,
+    StoreError,
+)
+from harness.runtime._handles import Entry, SessionHandle
+from harness.runtime._listeners import (
+    CreatedListener,
+    DisposedListener,
+    EventListener,
+    FlushListener,
+    Listeners,
+    PreCommitHook,
+    remover,
+)
+from harness.runtime._messages import (
+    Adopt,
+    Announce,
+    Close,
+    Create,
+    Detach,
+    Enter,
+    Fork,
+    ForkPrefix,
+    Get,
+    List,
+    Prepare,
+)
+from harness.runtime._session_actor import SessionActor
+from harness.session import AppendValidator, Clock, Session, wall_clock_ms
+
+log = logging.getLogger("harness.store")
+
+_META_KEYS = {
+    "cwd": "cwd",
+    "parent_session": "parentSession",
+    "seed_length": "seedLength",
+    "origin": "origin",
+    "delegation_depth": "delegationDepth",
+    "agent_preset": "agentPreset",
+    "created_at": "createdAt",
+}
+
+
+@final
+class PreparedSession:
+    """An unpublished session owned by the caller until it is entered.
+
+    ``release`` (optional) runs once when the preparation is disposed without being
+    published — persistence uses it to free what it reserved.
+    """
+
+    __slots__ = ("_release", "disposed", "entered", "session")
+
+    def __init__(self, session: Session, release: Callable[[], None] | None = None) -> None:
+        self.session = session
+        self.entered = False
+        self.disposed = False
+        self._release = release
+
+    @property
+    def id(self) -> str:
+        return self.session.id
+
+    def dispose(self) -> None:
+        """Idempotent; calls ``release`` at most once, and never after publication."""
+        if self.disposed:
+            return
+        self.disposed = True
+        if self._release is not None and not self.entered:
+            self._release()
+
+
+class StoreActor(Actor[Any]):
+    """Holds ``id -> live session`` and serialises every liveness decision."""
+
+    rejections = (HarnessError,)
+    mailbox_size = 128
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.name = "store"
+        self.counter = 0
+
+    async def handle(self, message: Any) -> Any:
+        t = type(message)
+        if t is Create:
+            prepared = self._prepare(message.session_id, message.seed, message.meta)
+            handle = self._enter(prepared)
+            try:
+                self._announce(handle)
+            except BaseException:
+                with trio.CancelScope(shield=True):
+                    await self._detach(handle)
+                raise
+            return handle
+        if t is Prepare:
+            return self._prepare(message.session_id, message.seed, message.meta)
+        if t is Adopt:
+            if message.session.id in self.store._entries:
+                raise SessionAlreadyExistsError(
+                    f'session "{message.session.id}" already exists', session_id=message.session.id
+                )
+            return PreparedSession(message.session)
+        if t is Enter:
+            return self._enter(message.prepared)
+        if t is Announce:
+            self._announce(message.handle)
+            return None
+        if t is Detach:
+            await self._detach(message.handle)
+            return None
+        if t is Fork:
+            return await self._fork(message.source, message.boundary, message.child_id)
+        if t is Get:
+            entry = self.store._entries.get(message.session_id)
+            return None if entry is None else entry.handle
+        if t is List:
+            return [e.handle for e in self.store._entries.values()]
+        if t is Close:
+            for entry in reversed(list(self.store._entries.values())):
+                assert entry.handle is not None
+                await self._detach(entry.handle)
+            return None
+        raise TypeError(f"store actor got an unknown message {message!r}")
+
+    # -- steps ---------------------------------------------------------------------------
+
+    def _mint(self) -> str:
+        while True:
+            self.counter += 1
+            sid = f"session-{self.counter}"
+            if sid not in self.store._entries:
+                return sid
+
+    def _prepare(self, session_id: str | None, seed: Sequence[Any] | None, meta: dict[str, Any]) -> PreparedSession:
+        sid = self._mint() if session_id is None else session_id
+        if sid in self.store._entries:
+            raise SessionAlreadyExistsError(f'session "{sid}" already exists', session_id=sid)
+        store = self.store
+        header: dict[str, Any] = {"version": 0, "id": sid, "createdAt": meta.get("created_at", store.clock())}
+        for key, wire in _META_KEYS.items():
+            if key != "created_at" and meta.get(key) is not None:
+                header[wire] = meta[key]
+        validator = store.validator_factory() if store.validator_factory else None
+        session = Session.create(sid, seed, header, clock=store.clock, validator=validator)
+        return PreparedSession(session)
+
+    def _enter(self, prepared: PreparedSession) -> SessionHandle:
+        store = self.store
+        sid = prepared.id
+        if sid in store._entries:
+            raise SessionAlreadyExistsError(f'session "{sid}" already exists', session_id=sid)
+        if prepared.entered or prepared.disposed:
+            raise SessionAttachedError(f'session "{sid}" is already attached to a store', session_id=sid)
+        prepared.entered = True
+        entry = Entry(prepared.session)
+        handle = SessionHandle(store, entry)
+        entry.handle = handle
+        entry.ref = store._runtime.spawn(SessionActor(prepared.session, store.listeners, handle))
+        store._entries[sid] = entry
+        return handle
+
+    def _announce(self, handle: SessionHandle) -> None:
+        entry = self.store._live_entry(handle.id)
+        if entry is None or entry is not handle._entry:
+            raise SessionNotLiveError(f'session "{handle.id}" is not live in this store', session_id=handle.id)
+        if entry.announced:
+            raise SessionAlreadyAnnouncedError(f'session "{handle.id}" was already announced', session_id=handle.id)
+        entry.announced = True  # set before dispatch: a reentrant announce is refused
+        for listener in list(self.store.listeners.created):
+            try:
+                listener(handle)
+            except Exception as exc:
+                # A veto is an answer, not a store bug: later listeners are skipped
+                # and the caller gets the listener's own exception.
+                raise Rejected(exc) from None
+
+    async def _detach(self, handle: SessionHandle) -> None:
+        store = self.store
+        entry = handle._entry
+        if entry.detached:
+            return
+        entry.detached = True
+        if entry.ref is not None:
+            # Drain: messages queued before the detach are applied (and published).
+            with trio.CancelScope(shield=True):
+                await store._runtime.stop(entry.ref)
+        if store._entries.get(handle.id) is entry:
+            del store._entries[handle.id]
+        if entry.announced:
+            store.listeners.emit_disposed(handle)
+
+    async def _fork(self, source: Any, boundary: object, child_id: str | None) -> SessionHandle:
+        store = self.store
+        if child_id is not None and child_id in store._entries:
+            raise ForkChildExistsError(f'session "{child_id}" already exists', session_id=child_id)
+        if isinstance(source, SessionHandle):
+            sid = source.id
+            entry = store._entries.get(sid)
+            if entry is None:
+                raise ForkSourceNotFoundError(f'session "{sid}" not found', session_id=sid)
+            if entry is not source._entry:
+                raise ForkSourceNotLiveError(f'session "{sid}" is not the live store instance', session_id=sid)
+        else:
+            sid = str(source)
+            entry = store._entries.get(sid)
+            if entry is None:
+                raise ForkSourceNotFoundError(f'session "{sid}" not found', session_id=sid)
+        assert entry.ref is not None
+        try:
+            prefix = await entry.ref.call(ForkPrefix(boundary))
+        except ActorStoppedError:
+            raise ForkSourceNotLiveError(f'session "{sid}" is not the live store instance', session_id=sid) from None
+        meta: dict[str, Any] = {"parent_session": sid, "seed_length": len(prefix)}
+        if entry.session.header.cwd is not None:
+            meta["cwd"] = entry.session.header.cwd
+        prepared = self._prepare(child_id, list(prefix), meta)
+        handle = self._enter(prepared)
+        try:
+            self._announce(handle)
+        except BaseException:
+            with trio.CancelScope(shield=True):
+                await self._detach(handle)
+            raise
+        return handle
+
+
+@final
+class Store:
+    """The public face of a store: async methods that message the store actor.
+
+    Get one with :func:`open_store`. Every method's cancellation contract is the
+    actor kernel's: cancelled before the store actor takes the request, nothing
+    happens; cancelled after, the request completes (e.g. the session is created)
+    and the caller gets ``Cancelled``.
+    """
+
+    def __init__(
+        self,
+        runtime: ActorRuntime,
+        *,
+        clock: Clock,
+        validator_factory: Callable[[], AppendValidator] | None,
+    ) -> None:
+        self._runtime = runtime
+        self._entries: dict[str, Entry] = {}
+        self.clock = clock
+        self.validator_factory = validator_factory
+        self.listeners = Listeners()
+        self._ref: ActorRef[Any] = runtime.spawn(StoreActor(self))
+        self._closed = False
+
+    def _live_entry(self, session_id: str) -> Entry | None:
+        entry = self._entries.get(session_id)
+        if entry is None or entry.detached:
+            return None
+        return entry
+
+    @property
+    def runtime(self) -> ActorRuntime:
+        return self._runtime
+
+    async def _call(self, message: Any) -> Any:
+        if self._closed:
+            raise StoreError("the store is closed")
+        try:
+            return await self._ref.call(message)
+        except ActorStoppedError:
+            raise StoreError("the store is closed") from None
+
+    # -- sessions ----------------------------------------------------------------------
+
+    async def create(
+        self,
+        session_id: str | None = None,
+        *,
+        seed: Sequence[Any] | None = None,
+        **meta: Any,
+    ) -> SessionHandle:
+        """Prepare, enter and announce a new session; returns its handle.
+
+        ``meta``: ``cwd``, ``parent_session``, ``seed_length``, ``origin``,
+        ``delegation_depth``, ``agent_preset``, ``created_at``. Without an id one is
+        minted (``session-<n>``). If a ``created`` listener vetoes, the session is
+        detached (``disposed`` is emitted) and the error propagates.
+        """
+        _check_meta(meta)
+        return await self._call(Create(session_id, seed, meta))  # type: ignore[no-any-return]
+
+    async def prepare(
+        self, session_id: str | None = None, *, seed: Sequence[Any] | None = None, **meta: Any
+    ) -> PreparedSession:
+        """Build an unpublished session (not entered, nothing emitted)."""
+        _check_meta(meta)
+        return await self._call(Prepare(session_id, seed, meta))  # type: ignore[no-any-return]
+
+    async def adopt(self, session: Session) -> PreparedSession:
+        """Wrap an already-built session (e.g. restored from disk) as a preparation."""
+        return await self._call(Adopt(session))  # type: ignore[no-any-return]
+
+    async def enter(self, prepared: PreparedSession) -> SessionHandle:
+        """Make a prepared session live (not yet announced)."""
+        return await self._call(Enter(prepared))  # type: ignore[no-any-return]
+
+    async def announce(self, handle: SessionHandle) -> None:
+        """Emit ``created`` for an entered session; a listener's raise propagates."""
+        await self._call(Announce(handle))
+
+    async def detach(self, handle: SessionHandle) -> None:
+        """Idempotent. Drains the session's queued messages, removes it, emits
+        ``disposed`` if it was announced. Once the store actor has taken the request,
+        the detach completes even if the caller is cancelled."""
+        await self._call(Detach(handle))
+
+    async def get(self, session_id: str) -> SessionHandle | None:
+        return await self._call(Get(session_id))  # type: ignore[no-any-return]
+
+    async def list(self) -> list[SessionHandle]:
+        """Live sessions in enter order (a fresh list)."""
+        return await self._call(List())  # type: ignore[no-any-return]
+
+    async def fork(
+        self, source: SessionHandle | str, boundary: int | None = None, child_id: str | None = None
+    ) -> SessionHandle:
+        """Create a child session from the inclusive prefix ``events[0..boundary]``.
+
+        Checks, in the reference's order: child id live (``SESSION_ALREADY_EXISTS``);
+        source not live (``SESSION_NOT_FOUND``) or stale (``SESSION_NOT_LIVE``);
+        boundary (``INVALID_BOUNDARY``); prefix ends in an open turn (``OPEN_TURN``).
+        The child shares the prefix's event objects (no copy), gets its own
+        ``session/end-seed``, and its header names the parent and the seed length.
+        """
+        return await self._call(Fork(source, boundary, child_id))  # type: ignore[no-any-return]
+
+    async def flush(self, handle: SessionHandle) -> bool:
+        """Run every flush listener for a live session; raise the first failure in
+        listener order; return whether any listener exists.
+
+        The session's queued messages are handled first (a barrier), so everything
+        appended before the call is covered. Cancellation propagates to the listeners.
+        """
+        if not handle.alive:
+            raise SessionNotLiveError(f'session "{handle.id}" is not live in this store', session_id=handle.id)
+        await handle.barrier()
+        return await self.listeners.run_flush(handle)
+
+    # -- listeners -----------------------------------------------------------------------
+
+    def on_created(self, listener: CreatedListener) -> Callable[[], None]:
+        self.listeners.created.append(listener)
+        return remover(self.listeners.created, listener)
+
+    def on_event(self, listener: EventListener) -> Callable[[], None]:
+        self.listeners.event.append(listener)
+        return remover(self.listeners.event, listener)
+
+    def on_disposed(self, listener: DisposedListener) -> Callable[[], None]:
+        self.listeners.disposed.append(listener)
+        return remover(self.listeners.disposed, listener)
+
+    def add_pre_commit_hook(self, hook: PreCommitHook) -> Callable[[], None]:
+        self.listeners.pre_commit.append(hook)
+        return remover(self.listeners.pre_commit, hook)
+
+    def on_flush(self, listener: FlushListener) -> Callable[[], None]:
+        self.listeners.flush.append(listener)
+        return remover(self.listeners.flush, listener)
+
+    async def aclose(self) -> None:
+        """Detach every live session (``disposed`` for each announced one), then refuse
+        new requests. Idempotent."""
+        if self._closed:
+            return
+        try:
+            await self._ref.call(Close())
+        finally:
+            self._closed = True
+
+
+def _check_meta(meta: dict[str, Any]) -> None:
+    unknown = set(meta) - set(_META_KEYS)
+    if unknown:
+        raise TypeError(f"unknown session metadata: {', '.join(sorted(unknown))}")
+
+
+@asynccontextmanager
+async def open_store(
+    *,
+    clock: Clock = wall_clock_ms,
+    validator_factory: Callable[[], AppendValidator] | None = None,
+    supervisor: Supervisor | None = None,
+) -> AsyncIterator[Store]:
+    """Run a store (and its session actors) for the duration of the block.
+
+    Leaving normally detaches every session (emitting ``disposed``), then stops the
+    session actors and the store actor in order. Leaving with an error or by
+    cancellation cancels the actors; every pending call fails, none hangs.
+    """
+    kwargs = {} if supervisor is None else {"supervisor": supervisor}
+    async with ActorRuntime(name="store", **kwargs) as runtime:
+        store = Store(runtime, clock=clock, validator_factory=validator_factory)
+        yield store
+        with trio.CancelScope(shield=True):
+            await store.aclose()
