@@ -4,6 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import trio
+import trio.lowlevel
+
+from harness.errors import OpenTurnError, SessionNotLiveError
+from harness.runtime import open_store
 from harness.session import (
     EventDraft,
     FrozenDict,
@@ -55,6 +60,56 @@ def _assistant(turn: int, mid: str, blocks: list[dict[str, object]]) -> dict[str
 
 def run_demo(root: str | None = None) -> int:
     del root  # persistence arrives with the durable-sessions work
+    print("== 1. the pure session core ==")
+    _core_walk()
+    print("\n== 2. sessions as actors, on a store ==")
+    trio.run(_store_walk)
+    return 0
+
+
+async def _store_walk() -> None:
+    async with open_store(validator_factory=RelationalInvariants) as store:
+        store.on_created(lambda h: print(f"  [session/created] {h.id}"))
+        store.on_disposed(lambda h: print(f"  [session/disposed] {h.id}"))
+        chat = await store.create("chat")
+        await chat.append("turn/start", {"turn": 1})
+
+        async def writer(name: str, count: int) -> None:
+            for i in range(count):
+                await chat.append("user/message", _user(f"{name}-{i}", f"{name} says {i}"), surface_op="append")
+                await trio.lowlevel.checkpoint()
+
+        async with trio.open_nursery() as nursery:
+            for name in ("alice", "bob", "carol"):
+                nursery.start_soon(writer, name, 4)
+        await chat.append("turn/end", {"turn": 1, "reason": {"kind": "completed"}})
+        order = [str(thaw(e.data)["id"]) for e in chat.events if e.type == "user/message"]
+        print(f"  3 tasks appended concurrently; one writer serialised them: seqs 0..{chat.seq - 1}")
+        print(f"  interleaving: {' '.join(order)}")
+
+        await chat.append("turn/start", {"turn": 2})
+        try:
+            await store.fork(chat)
+        except OpenTurnError as exc:
+            print(f"  fork inside the open turn is refused: {exc.code}: {exc}")
+        await chat.append("turn/end", {"turn": 2, "reason": {"kind": "completed"}})
+        child = await store.fork(chat, boundary=13, child_id="chat-branch")
+        print(
+            f"  forked {child.id!r} at seq 13: parent={child.header.parent_session!r}, "
+            f"seed_length={child.header.seed_length}, events shared: {child.events[0] is chat.events[0]}"
+        )
+        await child.append("user/message", _user("branch-1", "a question only the branch sees"), surface_op="append")
+        print(f"  parent has {chat.seq} events, child has {child.seq}; the parent is untouched")
+
+        await store.detach(chat)
+        try:
+            await chat.append("user/message", _user("late", "too late"), surface_op="append")
+        except SessionNotLiveError as exc:
+            print(f"  a stale handle is refused: {exc.code}: {exc}")
+        print("  leaving the store detaches what is still live:")
+
+
+def _core_walk() -> None:
     clock = iter(range(1_700_000_000_000, 1_800_000_000_000, 250))
     s = Session.create("demo", clock=lambda: next(clock), validator=RelationalInvariants())
     print(f"session {s.id!r} created; header {s.header.to_record()}")
@@ -118,4 +173,3 @@ def run_demo(root: str | None = None) -> int:
     print("\nif the process died now, crash repair would append:")
     for ev in closers:
         print(f"  {ev.seq:3d} {ev.type:<18} {ev.data}")
-    return 0

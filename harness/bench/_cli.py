@@ -7,20 +7,21 @@ from collections.abc import Callable, Sequence
 
 import orjson
 
-from harness.bench import _core
+from harness.bench import _actors, _core
 from harness.bench._runner import Result
 
 Workload = Callable[[int, int], list[Result]]
 
 WORKLOADS: dict[str, Workload] = {
-    "W1": _core.w1,
+    "W1": lambda n, runs: [*_core.w1(n, runs), *_actors.w1_actor(n, runs)],
     "W2": _core.w2,
+    "W3": _actors.w3,
     "W4": _core.w4,
     "W6": _core.w6,
 }
 """Workload ids; each may produce several variants (e.g. W2 -> W2, W2b)."""
 
-_VARIANT_OF = {"W2b": "W2", "W4-snapshot": "W4"}
+_VARIANT_OF = {"W2b": "W2", "W4-snapshot": "W4", "W1-actor": "W1", "W1-actor-batch": "W1"}
 
 
 def run_bench(selection: Sequence[str], *, n: int, runs: int, as_json: bool) -> int:

@@ -8,7 +8,7 @@
 
 from harness.runtime._handles import SessionHandle
 from harness.runtime._listeners import Listeners
-from harness.runtime._session_actor import SessionActor, fork_prefix
+from harness.runtime._session_actor import SessionActor, check_fork_boundary
 from harness.runtime._store import PreparedSession, Store, StoreActor, open_store
 
 __all__ = [
@@ -18,6 +18,6 @@ __all__ = [
     "SessionHandle",
     "Store",
     "StoreActor",
-    "fork_prefix",
+    "check_fork_boundary",
     "open_store",
 ]

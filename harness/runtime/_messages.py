@@ -26,9 +26,15 @@ class Derive:
 
 @attrs.frozen
 class ForkPrefix:
-    """Validate a fork boundary and return the inclusive prefix (shared events)."""
+    """Validate a fork boundary; build and return the child Session (not yet live).
+
+    The child shares the parent's events ``0..boundary``; ``header`` is the child's
+    header record (the boundary-dependent ``seedLength`` is filled in).
+    """
 
     boundary: object
+    header: dict[str, Any]
+    validator: Any = None
 
 
 @attrs.frozen

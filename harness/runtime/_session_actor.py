@@ -15,6 +15,7 @@ from harness.runtime._listeners import Listeners
 from harness.runtime._messages import Append, Barrier, CommitReplace, Derive, ForkPrefix
 from harness.session import Event, Session
 from harness.session._events import SAFE_INT_MAX
+from harness.session._session import _NO_TURN
 
 if TYPE_CHECKING:
     from harness.runtime._handles import SessionHandle
@@ -43,7 +44,7 @@ class SessionActor(Actor[Any]):
         if type(message) is Derive:
             return self.session.derive_messages()
         if type(message) is ForkPrefix:
-            return fork_prefix(self.session, message.boundary)
+            return self._fork(message)
         if type(message) is CommitReplace:
             current = self.session.surface_snapshot()
             if current != message.expected:
@@ -56,6 +57,20 @@ class SessionActor(Actor[Any]):
             return None
         raise TypeError(f"session actor got an unknown message {message!r}")
 
+    def _fork(self, message: ForkPrefix) -> Session:
+        boundary = check_fork_boundary(self.session, message.boundary)
+        header = dict(message.header)
+        child_id = header["id"]
+        parent = self.session
+        if parent.header.cwd is not None:
+            header["cwd"] = parent.header.cwd
+        clock = parent._clock
+        if boundary is None:  # an empty source: an empty seed
+            header["seedLength"] = 0
+            return Session.create(child_id, [], header, clock=clock, validator=message.validator)
+        header["seedLength"] = boundary + 1
+        return Session.fork_of(parent, boundary, child_id, header, clock=clock, validator=message.validator)
+
     def _append(self, drafts: tuple[Any, ...]) -> tuple[Event, ...]:
         plan = self.session.plan(drafts)
         for hook in list(self.listeners.pre_commit):
@@ -66,14 +81,15 @@ class SessionActor(Actor[Any]):
         return events
 
 
-def fork_prefix(session: Session, boundary: object) -> tuple[Event, ...]:
-    """Boundary checks of reference §8 (steps 3-4); returns the inclusive prefix."""
+def check_fork_boundary(session: Session, boundary: object) -> int | None:
+    """Boundary checks of reference §8 (steps 3-4): the validated boundary, or
+    ``None`` when it was omitted on an empty session (an empty prefix)."""
     sid = session.id
     events = session.events
     n = len(events)
     if boundary is None:
         if n == 0:
-            return ()
+            return None
         boundary = n - 1
     if type(boundary) is not int or not 0 <= boundary <= SAFE_INT_MAX:
         raise InvalidBoundaryError(
@@ -91,15 +107,10 @@ def fork_prefix(session: Session, boundary: object) -> tuple[Event, ...]:
             f'fork boundary {boundary} does not match a contiguous event seq in session "{sid}"',
             session_id=sid,
         )
-    prefix = events[: boundary + 1]
-    for ev in reversed(prefix):
-        if ev.type == "turn/end":
-            break
-        if ev.type == "turn/start":
-            data: Any = ev.data
-            turn = data.get("turn") if hasattr(data, "get") else None
-            raise OpenTurnError(
-                f'fork boundary {boundary} in session "{sid}" ends inside open turn {turn}',
-                session_id=sid,
-            )
-    return prefix
+    turn = session.open_turn_at(boundary)
+    if turn is not _NO_TURN:
+        raise OpenTurnError(
+            f'fork boundary {boundary} in session "{sid}" ends inside open turn {turn}',
+            session_id=sid,
+        )
+    return boundary

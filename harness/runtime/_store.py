@@ -226,14 +226,14 @@ class StoreActor(Actor[Any]):
             if entry is None:
                 raise ForkSourceNotFoundError(f'session "{sid}" not found', session_id=sid)
         assert entry.ref is not None
+        new_id = self._mint() if child_id is None else child_id
+        header: dict[str, Any] = {"version": 0, "id": new_id, "createdAt": store.clock(), "parentSession": sid}
+        validator = store.validator_factory() if store.validator_factory else None
         try:
-            prefix = await entry.ref.call(ForkPrefix(boundary))
+            child = await entry.ref.call(ForkPrefix(boundary, header, validator))
         except ActorStoppedError:
             raise ForkSourceNotLiveError(f'session "{sid}" is not the live store instance', session_id=sid) from None
-        meta: dict[str, Any] = {"parent_session": sid, "seed_length": len(prefix)}
-        if entry.session.header.cwd is not None:
-            meta["cwd"] = entry.session.header.cwd
-        prepared = self._prepare(child_id, list(prefix), meta)
+        prepared = PreparedSession(child)
         handle = self._enter(prepared)
         try:
             self._announce(handle)

@@ -9,6 +9,7 @@ not the log, not the surface, not the generation, not the validator state.
 
 from __future__ import annotations
 
+import bisect
 import gc
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -194,6 +195,7 @@ class Session:
         "_last_header",
         "_sid",
         "_surface",
+        "_turn_marks",
         "_validator",
         "_vstate",
     )
@@ -210,6 +212,7 @@ class Session:
         self._vstate: Any = None
         self._last_header = -1
         self._last_context = -1
+        self._turn_marks: list[int] = []  # seqs of turn/start and turn/end, ascending
         self._sid = ""
         self._header: SessionHeader
 
@@ -302,6 +305,45 @@ class Session:
             )
 
     @classmethod
+    def fork_of(
+        cls,
+        parent: Session,
+        boundary: int,
+        session_id: str,
+        header: dict[str, Any] | SessionHeader,
+        *,
+        clock: Clock = wall_clock_ms,
+        validator: AppendValidator | None = None,
+    ) -> Session:
+        """A child seeded with ``parent``'s events ``0..boundary`` (shared, not copied).
+
+        A prefix of a valid log is valid, so nothing is re-validated: the child takes a
+        slice of the parent's list and the surface state at the boundary (a copy of the
+        parent's when the boundary is its last seq, else a fold of the prefix's ops).
+        Costs O(prefix) pointer copies. Fork's own checks (boundary, open turn) belong
+        to the caller. A ``validator`` is replayed over the prefix.
+        """
+        if not 0 <= boundary < parent.seq:
+            raise SessionError(f"fork boundary {boundary} is outside session {parent.id!r}")
+        self = cls._blank(session_id, clock, validator)
+        self._header = snapshot_header(header, session_id)
+        self._events = parent._events[: boundary + 1]
+        if boundary == parent.seq - 1:
+            self._surface = parent._surface.clone()
+        else:
+            self._surface = _fold_trusted(self._events)
+        self._turn_marks = parent._turn_marks[: bisect.bisect_right(parent._turn_marks, boundary)]
+        self._last_header = _last_index(self._events, "request/header", parent._last_header)
+        self._last_context = _last_index(self._events, "request/context", parent._last_context)
+        if validator is not None:
+            state = self._vstate
+            for ev in self._events:
+                state = validator.check(state, ev)
+            self._vstate = state
+        self._finish_construction(True)
+        return self
+
+    @classmethod
     def _blank(cls, session_id: str, clock: Clock, validator: AppendValidator | None) -> Session:
         if type(session_id) is not str or not session_id:
             raise SessionError(f"session id must be a non-empty string, got {session_id!r}")
@@ -361,8 +403,8 @@ class Session:
                 nodes.append(i)
                 push(Event(t, i, tm, data, APPEND, None, False))
             elif op is _MISSING and t != _LEGACY_DELTA:
-                if t == "request/context":
-                    self._last_context = i
+                if t in _NOTED:
+                    self._note_type(t, i)
                 push(Event(t, i, tm, data, None, None, False))
             else:
                 self._seed_record(i, rec)
@@ -501,11 +543,30 @@ class Session:
         return self._events[self._last_context].data
 
     def _note(self, event: Event) -> None:
-        t = event.type
+        if event.type in _NOTED:
+            self._note_type(event.type, event.seq)
+
+    def _note_type(self, t: str, seq: int) -> None:
         if t == "request/header":
-            self._last_header = event.seq
+            self._last_header = seq
         elif t == "request/context":
-            self._last_context = event.seq
+            self._last_context = seq
+        else:
+            self._turn_marks.append(seq)
+
+    def open_turn_at(self, seq: int) -> Any:
+        """If the last ``turn/start``/``turn/end`` at or before ``seq`` is a
+        ``turn/start``, its ``turn`` value (``None`` when its data has none); else
+        ``_NO_TURN``. O(log n)."""
+        marks = self._turn_marks
+        k = bisect.bisect_right(marks, seq) - 1
+        if k < 0:
+            return _NO_TURN
+        ev = self._events[marks[k]]
+        if ev.type != "turn/start":
+            return _NO_TURN
+        data = ev.data
+        return data.get("turn") if type(data) is FrozenDict else None
 
     # -- appending --------------------------------------------------------------------
 
@@ -649,4 +710,36 @@ class Session:
 
 
 _PRIVATE: Final = object()
+_NOTED: Final = frozenset({"request/header", "request/context", "turn/start", "turn/end"})
+_NO_TURN: Final[Any] = object()
+"""Returned by :meth:`Session.open_turn_at` when no turn is open."""
+
+
+def _fold_trusted(events: list[Event]) -> SurfaceState:
+    """The surface after already-validated events (no checks, appends inline)."""
+    state = SurfaceState()
+    nodes = state.nodes
+    for ev in events:
+        op = ev.surface_op
+        if op is None:
+            continue
+        if op == APPEND:
+            nodes.append(ev.seq)
+            continue
+        assert isinstance(op, ReplaceOp)
+        i, j = nodes.index(op.start), nodes.index(op.end)
+        nodes[i : j + 1] = [ev.seq]
+        state.generation += 1
+    state._pos = None  # rebuilt on first use
+    return state
+
+
+def _last_index(events: list[Event], type_: str, hint: int) -> int:
+    """Index of the last ``type_`` event in ``events``; ``hint`` is the parent's."""
+    if hint < len(events):
+        return hint
+    for i in range(len(events) - 1, -1, -1):
+        if events[i].type == type_:
+            return i
+    return -1
 
