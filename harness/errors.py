@@ -146,8 +146,68 @@ class SurfaceChangedError(StoreError):
     code = "SURFACE_CHANGED"
 
 
+# --- persistence -----------------------------------------------------------------------
+
+
+class PersistenceError(HarnessError):
+    """A persistence backend failed or refused an operation."""
+
+    code = "PERSISTENCE_ERROR"
+
+
+class PersistedSessionNotFoundError(PersistenceError):
+    code = "SESSION_NOT_FOUND"
+
+
+class SessionFormatUnsupportedError(PersistenceError):
+    """The log was written in a format this build does not read (newer or older)."""
+
+    code = "SESSION_FORMAT_UNSUPPORTED"
+
+
+class SessionCorruptionError(PersistenceError):
+    """A stored log is corrupt (at or before its last committed ``turn/end``)."""
+
+    code = "SESSION_CORRUPT"
+
+
+class SessionLogExistsError(PersistenceError):
+    """A new session would overwrite a log that already exists on disk."""
+
+    code = "SESSION_LOG_EXISTS"
+
+
+class SessionLockedError(PersistenceError):
+    """Another live writer holds the session. ``holder`` describes it."""
+
+    code = "SESSION_LOCKED"
+
+    def __init__(self, message: str, *, session_id: str | None = None, holder: object = None) -> None:
+        super().__init__(message, session_id=session_id)
+        self.holder = holder
+
+
+class SessionLiveError(PersistenceError):
+    """The session is live in this process: prepare/load of it is refused."""
+
+    code = "SESSION_LIVE"
+
+
+class FlushError(PersistenceError):
+    """A durable write failed; the events are retained and retried by the next flush."""
+
+    code = "FLUSH_FAILED"
+
+
+class StorageIOError(PersistenceError):
+    """An operating-system or database error, translated (the original is the cause)."""
+
+    code = "STORAGE_IO"
+
+
 __all__ = [
     "EventError",
+    "FlushError",
     "ForkChildExistsError",
     "ForkError",
     "ForkSourceNotFoundError",
@@ -158,13 +218,21 @@ __all__ = [
     "InvariantError",
     "NotJsonError",
     "OpenTurnError",
+    "PersistedSessionNotFoundError",
+    "PersistenceError",
     "ReentrantAppendError",
     "SessionAlreadyAnnouncedError",
     "SessionAlreadyExistsError",
     "SessionAttachedError",
+    "SessionCorruptionError",
     "SessionError",
+    "SessionFormatUnsupportedError",
+    "SessionLiveError",
+    "SessionLockedError",
+    "SessionLogExistsError",
     "SessionNotFoundError",
     "SessionNotLiveError",
+    "StorageIOError",
     "StorageRowError",
     "StoreError",
     "SurfaceChangedError",

@@ -4,6 +4,7 @@ Nothing here imports Trio: everything that can be decided synchronously is a pla
 function or class, testable without an event loop.
 """
 
+from harness.session._chunks import decode_storage_record, is_storage_row, pack_chunk_runs
 from harness.session._derive import EventLog, MessageList, derive_event_message
 from harness.session._events import (
     APPEND,
@@ -28,7 +29,7 @@ from harness.session._json import (
     raw_of,
     thaw,
 )
-from harness.session._repair import interrupted_turn_closers
+from harness.session._repair import closers_for_records, interrupted_turn_closers
 from harness.session._request_header import canonical_header, fold_request_header, header_equals
 from harness.session._session import (
     AppendPlan,
@@ -70,7 +71,9 @@ __all__ = [
     "Trace",
     "adopt",
     "canonical_header",
+    "closers_for_records",
     "decode_records",
+    "decode_storage_record",
     "derive_event_message",
     "event_to_record",
     "fold_request_header",
@@ -80,6 +83,8 @@ __all__ = [
     "header_equals",
     "interrupted_turn_closers",
     "is_json",
+    "is_storage_row",
+    "pack_chunk_runs",
     "raw_of",
     "thaw",
     "wall_clock_ms",

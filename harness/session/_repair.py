@@ -23,6 +23,19 @@ NOT_STARTED_TEXT: Final = (
 def interrupted_turn_closers(events: Sequence[Event]) -> list[Event]:
     """The synthetic events that close an interrupted turn; ``[]`` if none is open.
 
+    See :func:`closers_for` (this is the same over :class:`Event` objects).
+    """
+    return closers_for([(e.type, e.seq, e.time, raw_of(e.data)) for e in events])
+
+
+def closers_for_records(records: Sequence[Any]) -> list[Event]:
+    """:func:`interrupted_turn_closers` over raw stored records (before a Session exists)."""
+    return closers_for([(r["type"], r["seq"], r["time"], r["data"]) for r in records])
+
+
+def closers_for(events: Sequence[tuple[str, int, int, Any]]) -> list[Event]:
+    """The synthetic events that close an interrupted turn; ``[]`` if none is open.
+
     In order: one error ``tool/result`` per still-pending tool call of the open turn
     (``TOOL_OUTCOME_UNKNOWN`` if its ``tool/call`` was logged, else
     ``TOOL_NOT_STARTED``), ``step/end`` if a step is open, then
@@ -32,9 +45,7 @@ def interrupted_turn_closers(events: Sequence[Event]) -> list[Event]:
     open_turn: Any = None
     open_step: Any = None
     pending: dict[str, dict[str, Any]] = {}
-    for ev in events:
-        t = ev.type
-        data = raw_of(ev.data)
+    for t, seq_of, _time, data in events:
         d = data if type(data) is dict else {}
         if t == "turn/start":
             open_turn = d.get("turn")
@@ -60,7 +71,7 @@ def interrupted_turn_closers(events: Sequence[Event]) -> list[Event]:
         elif t == "tool/call":
             call_id = d.get("callId")
             if call_id in pending:
-                pending[call_id]["call_seq"] = ev.seq
+                pending[call_id]["call_seq"] = seq_of
         elif t == "tool/result":
             message = d.get("message")
             source = message.get("source") if type(message) is dict else None
@@ -68,9 +79,8 @@ def interrupted_turn_closers(events: Sequence[Event]) -> list[Event]:
                 pending.pop(source.get("callId"), None)  # type: ignore[arg-type]
     if open_turn is None or not events:
         return []
-    last = events[-1]
-    seq = last.seq + 1
-    when = last.time
+    _, last_seq, when, _ = events[-1]
+    seq = last_seq + 1
     out: list[Event] = []
     for call_id, info in pending.items():
         known = info["call_seq"] is not None
@@ -119,4 +129,4 @@ def interrupted_turn_closers(events: Sequence[Event]) -> list[Event]:
     return out
 
 
-__all__ = ["NOT_STARTED_TEXT", "OUTCOME_UNKNOWN_TEXT", "interrupted_turn_closers"]
+__all__ = ["NOT_STARTED_TEXT", "OUTCOME_UNKNOWN_TEXT", "closers_for_records", "interrupted_turn_closers"]

@@ -1,0 +1,37 @@
+"""Durable sessions: the backend protocol, JSONL (default) and SQLite backends, the
+write-behind coordinator, and session preparations (restore from storage).
+
+    async with open_store() as store, open_persistence(store, JsonlBackend(root)) as p:
+        session = await store.create(cwd="/work")
+        ...
+        await session.flush()          # durable when this returns
+"""
+
+from harness.persistence._backend import Backend, StoredLog, WriterLease, header_record
+from harness.persistence._checkpoint import CheckpointPolicy
+from harness.persistence._coordinator import (
+    Persistence,
+    SessionPreparation,
+    build_session,
+    open_persistence,
+)
+from harness.persistence._files import OsFiles
+from harness.persistence._jsonl import JsonlBackend, encode_segment, project_key
+from harness.persistence._sqlite import SqliteBackend
+
+__all__ = [
+    "Backend",
+    "CheckpointPolicy",
+    "JsonlBackend",
+    "OsFiles",
+    "Persistence",
+    "SessionPreparation",
+    "SqliteBackend",
+    "StoredLog",
+    "WriterLease",
+    "build_session",
+    "encode_segment",
+    "header_record",
+    "open_persistence",
+    "project_key",
+]

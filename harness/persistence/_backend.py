@@ -1,0 +1,125 @@
+"""The backend protocol shared by JSONL and SQLite, and the header record rules."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Protocol
+
+import attrs
+import orjson
+
+from harness.errors import SessionCorruptionError, SessionFormatUnsupportedError
+from harness.session import SESSION_FORMAT_VERSION
+from harness.session._events import is_nonneg_safe_int
+
+_HEADER_ORDER = ("version", "id", "createdAt", "cwd", "parentSession", "seedLength", "origin", "delegationDepth", "agentPreset")
+
+
+@attrs.frozen
+class StoredLog:
+    """What a backend read: the header record (``type`` removed), the event records
+    (chunk rows expanded, freshly decoded: ownership passes to the caller), where a
+    torn tail starts (``None`` if none), and the revision of exactly these bytes."""
+
+    header: dict[str, Any]
+    records: list[Any]
+    truncate_to: int | None
+    revision: str
+
+
+class WriterLease:
+    """Proof of being the one live writer of a session. ``release`` is idempotent."""
+
+    def release(self) -> None:  # pragma: no cover - interface
+        raise NotImplementedError
+
+
+class Backend(Protocol):
+    """A blocking storage backend. The coordinator calls it from worker threads.
+
+    Every backend passes ``tests/test_backends.py``: headers-only listing, load with
+    the torn-tail rule, atomic first write, whole-batch appends, repair, delete, a
+    revision that changes on every write, and one writer per session.
+    """
+
+    name: str
+
+    def list_headers(self) -> list[dict[str, Any]]: ...
+
+    def load(self, session_id: str) -> StoredLog: ...
+
+    def revision(self, session_id: str) -> str | None: ...
+
+    def materialize(self, header: dict[str, Any], records: list[dict[str, Any]]) -> None: ...
+
+    def append(self, session_id: str, records: list[dict[str, Any]]) -> None: ...
+
+    def commit_repair(self, session_id: str, truncate_to: int | None, records: list[dict[str, Any]]) -> None: ...
+
+    def delete(self, session_id: str) -> None: ...
+
+    def acquire_writer(self, header: dict[str, Any]) -> WriterLease: ...
+
+
+def header_record(header: dict[str, Any]) -> dict[str, Any]:
+    """The on-disk header: ``type: session`` first, the reference's key order,
+    ``delegationDepth`` always present (absent -> 0), unknown keys kept last."""
+    rec: dict[str, Any] = {"type": "session"}
+    for key in _HEADER_ORDER:
+        if key == "delegationDepth":
+            rec[key] = header.get(key, 0)
+        elif key in header:
+            rec[key] = header[key]
+    for key, value in header.items():
+        if key not in rec and key != "type":
+            rec[key] = value
+    return rec
+
+
+def header_line(header: dict[str, Any]) -> bytes:
+    return orjson.dumps(header_record(header)) + b"\n"
+
+
+def _neg_zero(v: object) -> bool:
+    return type(v) is float and v == 0.0 and math.copysign(1.0, v) < 0
+
+
+def check_header_record(raw: Any, session_id: str | None) -> dict[str, Any]:
+    """Apply the header parse rules (reference §1.2); return it without ``type``.
+
+    Version refusal comes first, before any shape check.
+    """
+    if type(raw) is dict and (type(raw.get("version")) in (int, float)) and raw["version"] != SESSION_FORMAT_VERSION:
+        raise format_error(str(raw.get("id", session_id)), raw["version"])
+    sid = session_id or (raw.get("id") if type(raw) is dict else None)
+    if type(raw) is dict and ("sandboxMode" in raw or "approvalPolicy" in raw):
+        raise SessionCorruptionError("session header uses retired policy baseline fields", session_id=sid)
+    if (
+        type(raw) is not dict
+        or raw.get("type") != "session"
+        or type(raw.get("version")) is not int
+        or type(raw.get("id")) is not str
+        or not is_nonneg_safe_int(raw.get("createdAt"))
+        or not is_nonneg_safe_int(raw.get("delegationDepth"))
+        or ("origin" in raw and raw["origin"] != "subagent")
+        or ("agentPreset" in raw and type(raw["agentPreset"]) is not str)
+    ):
+        raise SessionCorruptionError("corrupt session log: first line is not a session header", session_id=sid)
+    out = dict(raw)
+    del out["type"]
+    return out
+
+
+def format_error(session_id: str, version: float) -> SessionFormatUnsupportedError:
+    v = int(version) if float(version).is_integer() else version
+    if version > SESSION_FORMAT_VERSION:
+        return SessionFormatUnsupportedError(
+            f'session "{session_id}" uses log format v{v}, but this harness reads only v0: '
+            "the log was written by a newer harness — upgrade the harness to open it",
+            session_id=session_id,
+        )
+    return SessionFormatUnsupportedError(
+        f'session "{session_id}" uses log format v{v}, older than the supported v0, '
+        "and this build ships no upgrade path for it",
+        session_id=session_id,
+    )

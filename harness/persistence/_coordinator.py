@@ -1,0 +1,327 @@
+"""The persistence coordinator: makes a store's sessions durable (reference §2)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any, final
+
+import trio
+
+from harness.errors import (
+    HarnessError,
+    PersistenceError,
+    SessionCorruptionError,
+    SessionFormatUnsupportedError,
+    SessionLiveError,
+    SessionLockedError,
+)
+from harness.persistence._backend import Backend, StoredLog, WriterLease
+from harness.persistence._writer import SessionWriter
+from harness.runtime import SessionHandle, Store
+from harness.session import (
+    KNOWN_EVENT_TYPES,
+    Session,
+    closers_for_records,
+    event_to_record,
+    gc_paused,
+)
+
+log = logging.getLogger("harness.persistence")
+
+
+@final
+class SessionPreparation:
+    """An unpublished session restored from storage, owned by whoever holds this.
+
+    The session was built in restore mode (no copy) from the stored events plus any
+    crash-repair closers, which are already durable. The preparation holds the
+    session's writer lock. :meth:`dispose` is idempotent: it releases everything the
+    preparation held, unless the session was published (the live writer then owns
+    the lock). Every concurrent caller of ``dispose`` waits for the same release.
+    """
+
+    def __init__(self, persistence: Persistence, session: Session, lease: WriterLease, cursor: int, repaired: int) -> None:
+        self._persistence = persistence
+        self.session = session
+        self.cursor = cursor  # events durable on disk (stored + closers)
+        self.repaired = repaired  # how many closers repair appended
+        self._lease: WriterLease | None = lease
+        self.published = False
+        self.disposed = False
+        self._released = trio.Event()
+
+    @property
+    def id(self) -> str:
+        return self.session.id
+
+    def _claim(self) -> WriterLease:
+        lease, self._lease = self._lease, None
+        assert lease is not None
+        self.published = True
+        self._released.set()
+        return lease
+
+    async def dispose(self) -> None:
+        """Release the writer lock (unless published). Idempotent; shielded: a
+        cancelled caller still leaves the lock released."""
+        if self.disposed:
+            await self._released.wait()
+            return
+        self.disposed = True
+        if self._persistence._reserved.get(self.id) is self:
+            del self._persistence._reserved[self.id]
+        lease, self._lease = self._lease, None
+        try:
+            if lease is not None:
+                with trio.CancelScope(shield=True):
+                    await trio.to_thread.run_sync(lease.release)
+        finally:
+            self._released.set()
+
+
+@final
+class Persistence:
+    """Durable sessions for one store. Get one with :func:`open_persistence`.
+
+    The store's listeners feed it: ``created`` starts a writer for the session (or
+    claims a prepared one's lock), ``event`` buffers, ``flush`` is the durability
+    barrier, ``disposed`` retires the writer (flush, then release the lock).
+    """
+
+    def __init__(self, store: Store, backend: Backend, nursery: trio.Nursery, *, write_delay: float) -> None:
+        self.store = store
+        self.backend = backend
+        self._nursery = nursery
+        self._delay = write_delay
+        self._writers: dict[str, SessionWriter] = {}
+        self._reserved: dict[str, SessionPreparation] = {}
+        self._retiring: set[SessionWriter] = set()
+        self._unsubscribe = [
+            store.on_created(self._on_created),
+            store.on_event(self._on_event),
+            store.on_flush(self._on_flush),
+            store.on_disposed(self._on_disposed),
+        ]
+
+    # -- listeners -----------------------------------------------------------------------
+
+    def _writer_for(self, handle: SessionHandle) -> SessionWriter:
+        session = handle._entry.session
+        writer = self._writers.get(handle.id)
+        if writer is not None and writer.session is session:
+            return writer
+        reserved = self._reserved.get(handle.id)
+        if reserved is not None:
+            if reserved.session is not session:
+                raise SessionLockedError(
+                    f'cannot publish session "{handle.id}": persisted state already owns this identity',
+                    session_id=handle.id,
+                )
+            del self._reserved[handle.id]
+            writer = SessionWriter(
+                backend=self.backend,
+                session=session,
+                nursery=self._nursery,
+                delay=self._delay,
+                materialized=True,
+                cursor=reserved.cursor,
+                lease=reserved._claim(),
+            )
+        else:
+            writer = SessionWriter(
+                backend=self.backend,
+                session=session,
+                nursery=self._nursery,
+                delay=self._delay,
+                materialized=False,
+                cursor=0,
+                lease=None,
+            )
+        self._writers[handle.id] = writer
+        return writer
+
+    def _on_created(self, handle: SessionHandle) -> None:
+        self._writer_for(handle)  # raises (vetoes) on an identity conflict
+
+    def _on_event(self, handle: SessionHandle, event: Any) -> None:
+        self._writer_for(handle).enqueue(event)
+
+    async def _on_flush(self, handle: SessionHandle) -> None:
+        writer = self._writers.get(handle.id)
+        if writer is None or writer.session is not handle._entry.session:
+            writer = self._writer_for(handle)
+        writer.catch_up()
+        await writer.flush()
+
+    def _on_disposed(self, handle: SessionHandle) -> None:
+        writer = self._writers.get(handle.id)
+        if writer is None or writer.session is not handle._entry.session:
+            return
+        del self._writers[handle.id]
+        self._retiring.add(writer)
+        self._nursery.start_soon(self._retire, writer)
+
+    async def _retire(self, writer: SessionWriter) -> None:
+        try:
+            await writer.retire()
+        except HarnessError as exc:
+            log.warning('%s: session "%s" retirement failed: %s', self.backend.name, writer.id, exc)
+        else:
+            self._retiring.discard(writer)
+
+    # -- the load path -----------------------------------------------------------------
+
+    async def prepare(self, session_id: str) -> SessionPreparation:
+        """Load a stored session for writing: lock it, read it, repair it durably, and
+        build the unpublished session in restore mode.
+
+        Raises :class:`SessionLiveError` if it is live here, :class:`SessionLockedError`
+        at once if another writer holds it, ``PersistedSessionNotFoundError``,
+        :class:`SessionCorruptionError` or :class:`SessionFormatUnsupportedError`.
+
+        Cancellation: the blocking work runs on a worker thread that is not abandoned;
+        if the caller is cancelled meanwhile, the finished preparation is disposed
+        (lock released) before ``Cancelled`` propagates, so nothing leaks.
+        """
+        if await self.store.get(session_id) is not None:
+            raise SessionLiveError(f'cannot prepare session "{session_id}" while it is live', session_id=session_id)
+        if session_id in self._reserved:
+            raise SessionLockedError(
+                f'session "{session_id}" is already prepared in this process', session_id=session_id
+            )
+        result: list[SessionPreparation] = []
+        try:
+            session, lease, cursor, repaired = await trio.to_thread.run_sync(self._prepare_sync, session_id)
+            prep = SessionPreparation(self, session, lease, cursor, repaired)
+            result.append(prep)
+            self._reserved[session_id] = prep
+            await trio.lowlevel.checkpoint()
+        except BaseException:
+            if result:
+                await result[0].dispose()
+            raise
+        return prep
+
+    def _prepare_sync(self, session_id: str) -> tuple[Session, WriterLease, int, int]:
+        stored = self.backend.load(session_id)
+        lease = self.backend.acquire_writer(stored.header)
+        try:
+            if self.backend.revision(session_id) != stored.revision:
+                stored = self.backend.load(session_id)  # written meanwhile: read it again
+            records, closers = self._check_and_repair(session_id, stored)
+            if stored.truncate_to is not None or closers:
+                self.backend.commit_repair(session_id, stored.truncate_to, closers)
+            session = build_session(session_id, stored.header, records + closers)
+            return session, lease, len(records) + len(closers), len(closers)
+        except BaseException:
+            lease.release()
+            raise
+
+    def _check_and_repair(self, session_id: str, stored: StoredLog) -> tuple[list[Any], list[Any]]:
+        records = stored.records
+        for rec in records:
+            t = rec.get("type") if type(rec) is dict else None
+            if t not in KNOWN_EVENT_TYPES and rec.get("ignorable") is not True:
+                raise SessionFormatUnsupportedError(
+                    f'session "{session_id}" contains event type "{t}" (seq {rec.get("seq")}) unknown to '
+                    "this harness and not marked ignorable; refusing to interpret the log — it was "
+                    "likely written by a newer harness",
+                    session_id=session_id,
+                )
+        try:
+            closers = [event_to_record(e) for e in closers_for_records(records)]
+        except Exception as exc:
+            raise SessionCorruptionError(
+                f'stored session "{session_id}" failed validation: {exc}', session_id=session_id
+            ) from exc
+        return records, closers
+
+    async def load(self, session_id: str) -> Session:
+        """Read a stored session without taking its lock or changing storage (for
+        inspection, also while another process writes it). Repair closers are
+        included in memory but not written."""
+
+        def work() -> Session:
+            stored = self.backend.load(session_id)
+            records, closers = self._check_and_repair(session_id, stored)
+            return build_session(session_id, stored.header, records + closers)
+
+        return await trio.to_thread.run_sync(work)
+
+    async def list(self) -> list[dict[str, Any]]:
+        """Stored session headers (records with camelCase keys)."""
+        return await trio.to_thread.run_sync(self.backend.list_headers)
+
+    async def publish(self, prep: SessionPreparation) -> SessionHandle:
+        """Enter and announce a preparation in the store. On failure the store is left
+        as it was and the preparation is disposed."""
+        try:
+            prepared = await self.store.adopt(prep.session)
+            handle = await self.store.enter(prepared)
+            try:
+                await self.store.announce(handle)
+            except BaseException:
+                with trio.CancelScope(shield=True):
+                    await self.store.detach(handle)
+                raise
+        except BaseException:
+            with trio.CancelScope(shield=True):
+                await prep.dispose()
+            raise
+        return handle
+
+    async def aclose(self) -> None:
+        """Flush and retire every writer; raise the first failure after trying all."""
+        for f in self._unsubscribe:
+            f()
+        errors: list[BaseException] = []
+        for writer in [*self._writers.values(), *self._retiring]:
+            try:
+                await writer.retire()
+            except HarnessError as exc:
+                errors.append(exc)
+        self._writers.clear()
+        self._retiring.clear()
+        for prep in list(self._reserved.values()):
+            await prep.dispose()
+        if errors:
+            raise PersistenceError(f"{self.backend.name}: closing failed: {errors[0]}") from errors[0]
+
+
+def build_session(session_id: str, header: dict[str, Any], records: list[Any]) -> Session:
+    """Restore mode over stored records; validation failures become corruption."""
+    try:
+        with gc_paused():
+            return Session.restore(session_id, records, header)
+    except SessionFormatUnsupportedError:
+        raise
+    except HarnessError as exc:
+        raise SessionCorruptionError(
+            f'stored session "{session_id}" failed validation: {exc}', session_id=session_id
+        ) from exc
+
+
+@asynccontextmanager
+async def open_persistence(store: Store, backend: Backend, *, write_delay: float = 0.2) -> AsyncIterator[Persistence]:
+    """Make ``store``'s sessions durable in ``backend`` for the duration of the block.
+
+    Open it inside the store's block. Leaving flushes and retires every writer (the
+    store's own exit then detaches sessions with nothing left to write); if a final
+    flush fails, :class:`PersistenceError` is raised after everything was tried.
+    """
+    failure: BaseException | None = None
+    async with trio.open_nursery() as nursery:
+        persistence = Persistence(store, backend, nursery, write_delay=write_delay)
+        try:
+            yield persistence
+        finally:
+            with trio.CancelScope(shield=True):
+                try:
+                    await persistence.aclose()
+                except PersistenceError as exc:
+                    failure = exc
+            nursery.cancel_scope.cancel()
+    if failure is not None:
+        raise failure

@@ -1,0 +1,245 @@
+"""The persistence coordinator on a live store: write path, load path, failures, locks."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+import trio
+import trio.testing
+
+from harness.errors import (
+    FlushError,
+    PersistedSessionNotFoundError,
+    PersistenceError,
+    SessionLiveError,
+    SessionLockedError,
+    SessionLogExistsError,
+)
+from harness.faults import FailingFiles
+from harness.persistence import JsonlBackend, SqliteBackend, open_persistence
+from harness.runtime import open_store
+from harness.session import EventDraft
+from tests.helpers import assistant, tool_call_block, user
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def transcript(root: Path) -> list[dict[str, Any]]:
+    files = list(root.rglob("session.jsonl"))
+    assert len(files) == 1
+    return [orjson.loads(x) for x in files[0].read_bytes().splitlines()]
+
+
+async def test_write_behind_window_and_flush(tmp_path: Path, autojump_clock: trio.testing.MockClock) -> None:
+    backend = JsonlBackend(tmp_path)
+    async with open_store() as store, open_persistence(store, backend, write_delay=0.2):
+        s = await store.create("w", cwd="/proj")
+        t0 = trio.current_time()
+        for i in range(20):  # 20 events 10 ms apart: one window, not reset by new events
+            await s.append("feedback/record", {"i": i})
+            await trio.sleep(0.01)
+        assert not list(tmp_path.rglob("session.jsonl"))  # nothing yet: lazy, windowed
+        for _ in range(100_000):  # the write runs on a thread: poll for it
+            if list(tmp_path.rglob("session.jsonl")):
+                break
+            await trio.sleep(0.001)
+        assert trio.current_time() - t0 >= 0.2
+        lines = transcript(tmp_path)
+        assert lines[0]["type"] == "session" and lines[0]["cwd"] == "/proj"
+        assert [r["data"]["i"] for r in lines[1:]] == list(range(20))  # one batch
+        await s.append("feedback/record", {"i": 20})
+        assert await s.flush() is True  # the barrier: durable on return
+        assert len(transcript(tmp_path)) == 22
+
+
+@pytest.mark.parametrize("kind", ["jsonl", "sqlite"])
+async def test_reload_restores_the_same_log_and_surface(tmp_path: Path, kind: str) -> None:
+    backend = JsonlBackend(tmp_path) if kind == "jsonl" else SqliteBackend(tmp_path / "db.sqlite")
+    async with open_store() as store, open_persistence(store, backend) as p:
+        s = await store.create("r", cwd="/proj", delegation_depth=1)
+        await s.append_batch(
+            [
+                EventDraft("turn/start", {"turn": 1}),
+                EventDraft("user/message", user("a"), "append"),
+                EventDraft("user/message", user("b"), "append"),
+                EventDraft("turn/end", {"turn": 1, "reason": {"kind": "completed"}}),
+            ]
+        )
+        await s.commit_replace(s.surface(), "user/message", user("sum"), surface_op=__import__("harness.session", fromlist=["ReplaceOp"]).ReplaceOp(1, 2), source_event_seqs=[1, 2])
+        await s.flush()
+        before = (list(s.events), s.surface(), list(await s.derive_messages()))
+        loaded = await p.load("r")
+        assert (list(loaded.events)[:-1], loaded.surface_snapshot(), list(loaded.derive_messages())) == before
+        assert loaded.events[-1].type == "session/end-seed"
+        assert loaded.header.cwd == "/proj" and loaded.header.delegation_depth == 1
+
+
+async def test_failed_batches_are_kept_in_order_and_retried(tmp_path: Path) -> None:
+    files = FailingFiles()
+    backend = JsonlBackend(tmp_path, files=files)
+    async with open_store() as store, open_persistence(store, backend):
+        s = await store.create("f")
+        await s.append("feedback/record", {"i": 0})
+        await s.flush()
+        files.fail_writes = 1
+        await s.append("feedback/record", {"i": 1})
+        with pytest.raises(FlushError) as info:
+            await s.flush()
+        assert info.value.code == "FLUSH_FAILED" and isinstance(info.value.__cause__, Exception)
+        assert [r.get("data", {}).get("i") for r in transcript(tmp_path)[1:]] == [0]  # rolled back, not half-written
+        files.fail_fsyncs = 1
+        await s.append("feedback/record", {"i": 2})
+        with pytest.raises(FlushError):
+            await s.flush()
+        assert [r["data"]["i"] for r in transcript(tmp_path)[1:]] == [0]
+        await s.append("feedback/record", {"i": 3})
+        await s.flush()  # the retained batch and the new event, in order
+        assert [r["data"]["i"] for r in transcript(tmp_path)[1:]] == [0, 1, 2, 3]
+        assert files.injected == 2
+
+
+async def test_failed_first_write_leaves_nothing_on_disk(tmp_path: Path) -> None:
+    files = FailingFiles(fail_fsyncs=1)
+    backend = JsonlBackend(tmp_path, files=files)
+    async with open_store() as store, open_persistence(store, backend):
+        s = await store.create("g")
+        await s.append("feedback/record", 1)
+        with pytest.raises(FlushError):
+            await s.flush()
+        assert not list(tmp_path.rglob("session.jsonl")) and not list(tmp_path.rglob("*.tmp"))
+        await s.flush()
+        assert [r["type"] for r in transcript(tmp_path)] == ["session", "feedback/record"]
+
+
+async def test_prepare_repairs_durably_and_publishes(tmp_path: Path) -> None:
+    backend = JsonlBackend(tmp_path)
+    async with open_store() as store, open_persistence(store, backend):
+        s = await store.create("p")
+        await s.append_batch(
+            [
+                EventDraft("turn/start", {"turn": 1}),
+                EventDraft("step/start", {"turn": 1, "step": 1}),
+                EventDraft("assistant/message", assistant(blocks=[tool_call_block("c1")]), "append"),
+                EventDraft("tool/call", {"turn": 1, "step": 1, "callId": "c1", "name": "read", "arguments": "{}"}),
+            ]
+        )
+        await s.flush()
+    path = next(tmp_path.rglob("session.jsonl"))
+    with open(path, "ab") as f:
+        f.write(b'{"type":"no')  # a torn tail from a crash
+    async with open_store() as store, open_persistence(store, backend) as p:
+        prep = await p.prepare("p")
+        assert prep.repaired == 3 and prep.session.first_live_seq == 7
+        on_disk = transcript(tmp_path)  # repair is durable before publication
+        assert [r["type"] for r in on_disk[1:]] == ["turn/start", "step/start", "assistant/message", "tool/call", "tool/result", "step/end", "turn/end"]
+        assert on_disk[5]["data"]["error"]["code"] == "TOOL_OUTCOME_UNKNOWN"
+        with pytest.raises(SessionLockedError):
+            await p.prepare("p")  # already prepared here
+        handle = await p.publish(prep)
+        await handle.append("feedback/record", "after resume")
+        await handle.flush()
+        types = [r["type"] for r in transcript(tmp_path)[1:]]
+        assert types[-2:] == ["session/end-seed", "feedback/record"] and types.count("session/end-seed") == 1
+        with pytest.raises(SessionLiveError):
+            await p.prepare("p")
+    async with open_store() as store, open_persistence(store, backend) as p:
+        with pytest.raises(PersistedSessionNotFoundError):
+            await p.prepare("nope")
+
+
+async def test_disposing_a_preparation_releases_the_lock(tmp_path: Path) -> None:
+    backend = JsonlBackend(tmp_path)
+    async with open_store() as store, open_persistence(store, backend) as p:
+        s = await store.create("d")
+        await s.append("feedback/record", 1)
+        await s.flush()
+        await store.detach(s)
+        await trio.testing.wait_all_tasks_blocked()
+        prep = await p.prepare("d")
+        await prep.dispose()
+        await prep.dispose()  # idempotent
+        again = await p.prepare("d")
+        assert again.session.seq == prep.session.seq
+        await again.dispose()
+
+
+async def test_new_session_over_an_existing_log_is_refused_at_flush(tmp_path: Path) -> None:
+    backend = JsonlBackend(tmp_path)
+    async with open_store() as store:
+        with pytest.raises(PersistenceError, match="closing failed"):
+            async with open_persistence(store, backend):
+                s = await store.create("dup")
+                await s.append("feedback/record", 1)
+                await s.flush()
+                await store.detach(s)
+                s2 = await store.create("dup")
+                await s2.append("feedback/record", 2)
+                with pytest.raises(FlushError) as info:
+                    await s2.flush()
+                assert isinstance(info.value.__cause__, SessionLogExistsError)
+
+
+async def test_fork_is_persisted_with_its_lineage(tmp_path: Path) -> None:
+    backend = JsonlBackend(tmp_path)
+    async with open_store() as store, open_persistence(store, backend) as p:
+        s = await store.create("parent", cwd="/proj")
+        await s.append_batch([EventDraft("turn/start", {"turn": 1}), EventDraft("turn/end", {"turn": 1, "reason": {"kind": "completed"}})])
+        child = await store.fork(s, 1, "child")
+        await child.flush()
+        loaded = await p.load("child")
+        assert loaded.header.parent_session == "parent" and loaded.header.seed_length == 2 and loaded.header.cwd == "/proj"
+        assert [e.type for e in loaded.events] == ["turn/start", "turn/end", "session/end-seed"]
+
+
+LOCKER = textwrap.dedent(
+    """
+    import sys, trio
+    from harness.persistence import JsonlBackend, open_persistence
+    from harness.runtime import open_store
+
+    async def main():
+        async with open_store() as store, open_persistence(store, JsonlBackend(sys.argv[1])) as p:
+            prep = await p.prepare("shared")
+            print("locked", flush=True)
+            sys.stdin.readline()
+            await prep.dispose()
+
+    trio.run(main)
+    """
+)
+
+
+async def test_two_processes_one_writer(tmp_path: Path) -> None:
+    backend = JsonlBackend(tmp_path)
+    async with open_store() as store, open_persistence(store, backend):
+        s = await store.create("shared")
+        await s.append("feedback/record", 1)
+        await s.flush()
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    child = subprocess.Popen([sys.executable, "-c", LOCKER, str(tmp_path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
+    try:
+        assert child.stdout is not None and child.stdin is not None
+        assert (await trio.to_thread.run_sync(child.stdout.readline)).strip() == b"locked"
+        async with open_store() as store, open_persistence(store, backend) as p:
+            with pytest.raises(SessionLockedError) as info:
+                await p.prepare("shared")
+            assert f"process {child.pid}" in str(info.value) and info.value.holder["pid"] == child.pid  # type: ignore[index]
+            assert (await p.load("shared")).seq == 2  # still readable
+            child.stdin.write(b"go\n")
+            child.stdin.flush()
+            await trio.to_thread.run_sync(child.wait)
+            prep = await p.prepare("shared")  # released: now it is ours
+            await prep.dispose()
+    finally:
+        child.kill()
+        child.wait()
+        for pipe in (child.stdin, child.stdout):
+            if pipe is not None:
+                pipe.close()
