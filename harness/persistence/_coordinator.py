@@ -98,6 +98,7 @@ class Persistence:
         self._writers: dict[str, SessionWriter] = {}
         self._reserved: dict[str, SessionPreparation] = {}
         self._retiring: set[SessionWriter] = set()
+        self._retirements: dict[str, trio.Event] = {}
         self._unsubscribe = [
             store.on_created(self._on_created),
             store.on_event(self._on_event),
@@ -130,6 +131,11 @@ class Persistence:
                 lease=reserved._claim(),
             )
         else:
+            sid = handle.id
+
+            async def wait_retired() -> None:
+                await self._wait_retired(sid)
+
             writer = SessionWriter(
                 backend=self.backend,
                 session=session,
@@ -138,6 +144,7 @@ class Persistence:
                 materialized=False,
                 cursor=0,
                 lease=None,
+                before_first_write=wait_retired,
             )
         self._writers[handle.id] = writer
         return writer
@@ -161,15 +168,25 @@ class Persistence:
             return
         del self._writers[handle.id]
         self._retiring.add(writer)
-        self._nursery.start_soon(self._retire, writer)
+        done = self._retirements[handle.id] = trio.Event()
+        self._nursery.start_soon(self._retire, writer, done)
 
-    async def _retire(self, writer: SessionWriter) -> None:
+    async def _retire(self, writer: SessionWriter, done: trio.Event) -> None:
         try:
             await writer.retire()
         except HarnessError as exc:
             log.warning('%s: session "%s" retirement failed: %s', self.backend.name, writer.id, exc)
         else:
             self._retiring.discard(writer)
+        finally:
+            done.set()
+            if self._retirements.get(writer.id) is done:
+                del self._retirements[writer.id]
+
+    async def _wait_retired(self, session_id: str) -> None:
+        """Wait until an earlier incarnation of this id has released its writer lock."""
+        while (done := self._retirements.get(session_id)) is not None:
+            await done.wait()
 
     # -- the load path -----------------------------------------------------------------
 
@@ -185,6 +202,7 @@ class Persistence:
         if the caller is cancelled meanwhile, the finished preparation is disposed
         (lock released) before ``Cancelled`` propagates, so nothing leaks.
         """
+        await self._wait_retired(session_id)
         if await self.store.get(session_id) is not None:
             raise SessionLiveError(f'cannot prepare session "{session_id}" while it is live', session_id=session_id)
         if session_id in self._reserved:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 import trio
@@ -42,6 +43,7 @@ class SessionWriter:
         materialized: bool,
         cursor: int,
         lease: WriterLease | None,
+        before_first_write: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self.backend = backend
         self.session = session
@@ -58,6 +60,7 @@ class SessionWriter:
         self._paused = False
         self.failure: BaseException | None = None
         self.closed = False
+        self._before_first_write = before_first_write
         self.catch_up()
 
     # -- buffering -----------------------------------------------------------------------
@@ -120,6 +123,9 @@ class SessionWriter:
         async with self._lock:
             if not self.pending:
                 return
+            if self._before_first_write is not None:
+                await self._before_first_write()
+                self._before_first_write = None
             batch = list(self.pending)
             try:
                 with trio.CancelScope(shield=True):
