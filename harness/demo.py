@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import tempfile
+from pathlib import Path
 from typing import Any
 
 import trio
 import trio.lowlevel
 
 from harness.errors import OpenTurnError, SessionNotLiveError
-from harness.runtime import open_store
+from harness.persistence import JsonlBackend, Persistence, open_persistence
+from harness.runtime import Store, open_store
 from harness.session import (
     EventDraft,
     FrozenDict,
@@ -59,16 +62,28 @@ def _assistant(turn: int, mid: str, blocks: list[dict[str, object]]) -> dict[str
 
 
 def run_demo(root: str | None = None) -> int:
-    del root  # persistence arrives with the durable-sessions work
     print("== 1. the pure session core ==")
     _core_walk()
-    print("\n== 2. sessions as actors, on a store ==")
-    trio.run(_store_walk)
+    where = Path(root) if root else Path(tempfile.mkdtemp(prefix="harness-demo-"))
+    print(f"\n== 2. sessions as actors, on a store, durable under {where} ==")
+    trio.run(_store_walk, where)
     return 0
 
 
-async def _store_walk() -> None:
-    async with open_store(validator_factory=RelationalInvariants) as store:
+async def _store_walk(root: Path) -> None:
+    backend = JsonlBackend(root)
+    async with open_store(validator_factory=RelationalInvariants) as store, open_persistence(store, backend) as persistence:
+        await _store_steps(store, persistence)
+    async with open_store() as store, open_persistence(store, backend) as persistence:
+        print("\n  a new store reloads 'chat' from disk:")
+        reloaded = await persistence.load("chat")
+        print(f"    {reloaded.seq} events (the {reloaded.seq - 1} written + its new session/end-seed), surface {list(reloaded.surface)}")
+        for header in await persistence.list():
+            print(f"    on disk: {header['id']!r} parent={header.get('parentSession')!r} seedLength={header.get('seedLength')!r}")
+
+
+async def _store_steps(store: Store, persistence: Persistence) -> None:
+    if True:
         store.on_created(lambda h: print(f"  [session/created] {h.id}"))
         store.on_disposed(lambda h: print(f"  [session/disposed] {h.id}"))
         chat = await store.create("chat")
@@ -101,11 +116,16 @@ async def _store_walk() -> None:
         await child.append("user/message", _user("branch-1", "a question only the branch sees"), surface_op="append")
         print(f"  parent has {chat.seq} events, child has {child.seq}; the parent is untouched")
 
+        written = list(chat.events)
+        surface = chat.surface()
         await store.detach(chat)
         try:
             await chat.append("user/message", _user("late", "too late"), surface_op="append")
         except SessionNotLiveError as exc:
             print(f"  a stale handle is refused: {exc.code}: {exc}")
+        reloaded = await persistence.load("chat")
+        same = list(reloaded.events)[: len(written)] == written and tuple(reloaded.surface) == surface
+        print(f"  reloaded 'chat' from disk: same log and surface as when it was live: {same}")
         print("  leaving the store detaches what is still live:")
 
 

@@ -154,6 +154,19 @@ async def test_prepare_repairs_durably_and_publishes(tmp_path: Path) -> None:
             await p.prepare("nope")
 
 
+async def test_detach_without_flush_writes_everything(tmp_path: Path) -> None:
+    # Regression: the retiring writer's first write used to wait for its own retirement.
+    backend = JsonlBackend(tmp_path)
+    async with open_store() as store, open_persistence(store, backend) as p:
+        s = await store.create("quiet")
+        await s.append("feedback/record", {"text": "never flushed"})
+        await store.detach(s)
+        loaded = await p.load("quiet")  # waits for the retirement, then reads
+        assert [e.type for e in loaded.events] == ["feedback/record", "session/end-seed"]
+        prep = await p.prepare("quiet")  # the lock was released
+        await prep.dispose()
+
+
 async def test_disposing_a_preparation_releases_the_lock(tmp_path: Path) -> None:
     backend = JsonlBackend(tmp_path)
     async with open_store() as store, open_persistence(store, backend) as p:

@@ -7,7 +7,7 @@ from collections.abc import Callable, Sequence
 
 import orjson
 
-from harness.bench import _actors, _core
+from harness.bench import _actors, _core, _disk
 from harness.bench._runner import Result
 
 Workload = Callable[[int, int], list[Result]]
@@ -17,11 +17,12 @@ WORKLOADS: dict[str, Workload] = {
     "W2": _core.w2,
     "W3": _actors.w3,
     "W4": _core.w4,
+    "W5": _disk.w5,
     "W6": _core.w6,
 }
 """Workload ids; each may produce several variants (e.g. W2 -> W2, W2b)."""
 
-_VARIANT_OF = {"W2b": "W2", "W4-snapshot": "W4", "W1-actor": "W1", "W1-actor-batch": "W1"}
+_VARIANT_OF = {"W2b": "W2", "W4-snapshot": "W4", "W1-actor": "W1", "W1-actor-batch": "W1", "W5-write": "W5", "W5-load": "W5", "W4-disk": "W5"}
 
 
 def run_bench(selection: Sequence[str], *, n: int, runs: int, as_json: bool) -> int:

@@ -98,7 +98,7 @@ class Persistence:
         self._writers: dict[str, SessionWriter] = {}
         self._reserved: dict[str, SessionPreparation] = {}
         self._retiring: set[SessionWriter] = set()
-        self._retirements: dict[str, trio.Event] = {}
+        self._retirements: dict[str, tuple[SessionWriter, trio.Event]] = {}
         self._unsubscribe = [
             store.on_created(self._on_created),
             store.on_event(self._on_event),
@@ -132,9 +132,10 @@ class Persistence:
             )
         else:
             sid = handle.id
+            box: list[SessionWriter] = []
 
             async def wait_retired() -> None:
-                await self._wait_retired(sid)
+                await self._wait_retired(sid, box[0])
 
             writer = SessionWriter(
                 backend=self.backend,
@@ -146,6 +147,7 @@ class Persistence:
                 lease=None,
                 before_first_write=wait_retired,
             )
+            box.append(writer)
         self._writers[handle.id] = writer
         return writer
 
@@ -168,7 +170,8 @@ class Persistence:
             return
         del self._writers[handle.id]
         self._retiring.add(writer)
-        done = self._retirements[handle.id] = trio.Event()
+        done = trio.Event()
+        self._retirements[handle.id] = (writer, done)
         self._nursery.start_soon(self._retire, writer, done)
 
     async def _retire(self, writer: SessionWriter, done: trio.Event) -> None:
@@ -180,13 +183,15 @@ class Persistence:
             self._retiring.discard(writer)
         finally:
             done.set()
-            if self._retirements.get(writer.id) is done:
+            current = self._retirements.get(writer.id)
+            if current is not None and current[1] is done:
                 del self._retirements[writer.id]
 
-    async def _wait_retired(self, session_id: str) -> None:
-        """Wait until an earlier incarnation of this id has released its writer lock."""
-        while (done := self._retirements.get(session_id)) is not None:
-            await done.wait()
+    async def _wait_retired(self, session_id: str, me: SessionWriter | None = None) -> None:
+        """Wait until an earlier incarnation of this id has released its writer lock
+        (never for ``me``: a retiring writer still writes its last batch)."""
+        while (entry := self._retirements.get(session_id)) is not None and entry[0] is not me:
+            await entry[1].wait()
 
     # -- the load path -----------------------------------------------------------------
 
@@ -223,6 +228,11 @@ class Persistence:
         return prep
 
     def _prepare_sync(self, session_id: str) -> tuple[Session, WriterLease, int, int]:
+        with gc_paused():
+            # One pause for read, decode and restore (decision 0003).
+            return self._prepare_paused(session_id)
+
+    def _prepare_paused(self, session_id: str) -> tuple[Session, WriterLease, int, int]:
         stored = self.backend.load(session_id)
         lease = self.backend.acquire_writer(stored.header)
         try:
@@ -231,8 +241,11 @@ class Persistence:
             records, closers = self._check_and_repair(session_id, stored)
             if stored.truncate_to is not None or closers:
                 self.backend.commit_repair(session_id, stored.truncate_to, closers)
-            session = build_session(session_id, stored.header, records + closers)
-            return session, lease, len(records) + len(closers), len(closers)
+            records.extend(closers)
+            session = build_session(session_id, stored.header, records)
+            cursor = len(records)
+            records.clear()  # adopted by the session: drop the envelopes now
+            return session, lease, cursor, len(closers)
         except BaseException:
             lease.release()
             raise
@@ -259,7 +272,9 @@ class Persistence:
     async def load(self, session_id: str) -> Session:
         """Read a stored session without taking its lock or changing storage (for
         inspection, also while another process writes it). Repair closers are
-        included in memory but not written."""
+        included in memory but not written. Waits first for a detached session's
+        final write (its retirement) to finish."""
+        await self._wait_retired(session_id)
 
         def work() -> Session:
             stored = self.backend.load(session_id)

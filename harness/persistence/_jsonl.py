@@ -24,10 +24,12 @@ from harness.errors import (
     SessionLockedError,
     SessionLogExistsError,
     StorageIOError,
+    StorageRowError,
 )
 from harness.persistence._backend import StoredLog, WriterLease, check_header_record, header_line
 from harness.persistence._files import OsFiles
-from harness.session import decode_storage_record, pack_chunk_runs
+from harness.session import decode_storage_record, gc_paused, pack_chunk_runs
+from harness.session._chunks import ROW_TAGS
 
 TRANSCRIPT: Final = "session.jsonl"
 LOCKFILE: Final = "writer.lock"
@@ -189,43 +191,50 @@ class JsonlBackend:
             )
         records: list[Any] = []
         committed = nl + 1
+        size = len(data)
+        # One split, then a fast path for the common line (one plain event that
+        # continues the seq); rows, bad lines and gaps take the general path.
+        lines = data[nl + 1 :].split(b"\n")
+        torn_fragment = lines.pop()  # after the last newline: b"" or a torn fragment
+        del torn_fragment
         pos = nl + 1
-        line_no = 1
         issue: str | None = None
         loads = orjson.loads
-        size = len(data)
-        while pos < size:
-            end = data.find(b"\n", pos)
-            if end < 0:
-                break  # the newline-less final fragment: torn
-            line_no += 1
-            line = data[pos:end]
-            pos = end + 1
-            decoded: list[Any] | None
-            try:
-                decoded = decode_storage_record(loads(line))
-            except Exception:
-                decoded = None
-            if issue is None:
-                if decoded is None or not all(type(e) is dict for e in decoded):
-                    issue = f"corrupt session log: unparsable committed event at line {line_no}"
-                else:
-                    expected = len(records)
-                    bad = next(
-                        (e for k, e in enumerate(decoded) if e.get("seq") != expected + k), None
-                    )
-                    if bad is None:
-                        records.extend(decoded)
+        push = records.append
+        with gc_paused():
+            for k, line in enumerate(lines):
+                line_no = k + 2
+                pos += len(line) + 1
+                if issue is None:
+                    try:
+                        obj = loads(line)
+                    except orjson.JSONDecodeError:
+                        obj = _BAD
+                    if type(obj) is dict and obj.get("seq") == len(records) and obj.get("type") not in ROW_TAGS:
+                        push(obj)
                         committed = pos
                         continue
-                    issue = (
-                        f"corrupt session log: seq gap in committed region at line {line_no} "
-                        f"(expected {expected + decoded.index(bad)}, got {bad.get('seq')})"
-                    )
-            if decoded is not None and any(
-                type(e) is dict and e.get("type") == "turn/end" for e in decoded
-            ):
-                raise SessionCorruptionError(issue, session_id=session_id)
+                    decoded = _decode(obj)
+                    if decoded is None:
+                        issue = f"corrupt session log: unparsable committed event at line {line_no}"
+                    else:
+                        expected = len(records)
+                        bad = next((e for j, e in enumerate(decoded) if e.get("seq") != expected + j), None)
+                        if bad is None:
+                            records.extend(decoded)
+                            committed = pos
+                            continue
+                        issue = (
+                            f"corrupt session log: seq gap in committed region at line {line_no} "
+                            f"(expected {expected + decoded.index(bad)}, got {bad.get('seq')})"
+                        )
+                else:
+                    try:
+                        decoded = _decode(loads(line))
+                    except orjson.JSONDecodeError:
+                        decoded = None
+                if decoded is not None and any(e.get("type") == "turn/end" for e in decoded):
+                    raise SessionCorruptionError(issue, session_id=session_id)
         truncate_to = committed if committed < size else None
         return StoredLog(header, records, truncate_to, _revision(path))
 
@@ -400,6 +409,22 @@ class _FlockLease(WriterLease):
             with contextlib.suppress(OSError):
                 os.ftruncate(fd, 0)
             os.close(fd)  # closing the descriptor drops the flock
+
+
+_BAD: Final[Any] = object()
+
+
+def _decode(obj: Any) -> list[dict[str, Any]] | None:
+    """A stored record's events, or None if it is not a valid record."""
+    if obj is _BAD:
+        return None
+    try:
+        decoded = decode_storage_record(obj)
+    except StorageRowError:
+        return None
+    if not all(type(e) is dict for e in decoded):
+        return None
+    return decoded
 
 
 def _describe_holder(holder: Any) -> str:
