@@ -23,7 +23,7 @@ from harness.errors import (
     SessionLogExistsError,
 )
 from harness.faults import FailingFiles
-from harness.persistence import JsonlBackend, SqliteBackend, open_persistence
+from harness.persistence import CheckpointPolicy, JsonlBackend, SqliteBackend, open_persistence
 from harness.runtime import open_store
 from harness.session import EventDraft
 from tests.helpers import assistant, tool_call_block, user
@@ -167,6 +167,18 @@ async def test_detach_without_flush_writes_everything(tmp_path: Path) -> None:
         await prep.dispose()
 
 
+async def test_checkpoint_policy_flushes_at_each_point(tmp_path: Path) -> None:
+    backend = JsonlBackend(tmp_path)
+    async with open_store() as store, open_persistence(store, backend, write_delay=60):
+        policy = CheckpointPolicy(store)
+        s = await store.create("cp")
+        for i, point in enumerate((policy.before_model_request, policy.at_step_boundary, policy.before_tool)):
+            await s.append("feedback/record", {"i": i})
+            await point(s)
+            assert [r["data"]["i"] for r in transcript(tmp_path)[1:]] == list(range(i + 1))
+        assert policy.flushes == 3
+
+
 async def test_disposing_a_preparation_releases_the_lock(tmp_path: Path) -> None:
     backend = JsonlBackend(tmp_path)
     async with open_store() as store, open_persistence(store, backend) as p:
@@ -214,11 +226,12 @@ async def test_fork_is_persisted_with_its_lineage(tmp_path: Path) -> None:
 LOCKER = textwrap.dedent(
     """
     import sys, trio
-    from harness.persistence import JsonlBackend, open_persistence
+    from harness.persistence import CheckpointPolicy, JsonlBackend, SqliteBackend, open_persistence
     from harness.runtime import open_store
 
     async def main():
-        async with open_store() as store, open_persistence(store, JsonlBackend(sys.argv[1])) as p:
+        backend = JsonlBackend(sys.argv[1]) if sys.argv[2] == "jsonl" else SqliteBackend(sys.argv[1] + "/db.sqlite")
+        async with open_store() as store, open_persistence(store, backend) as p:
             prep = await p.prepare("shared")
             print("locked", flush=True)
             sys.stdin.readline()
@@ -229,14 +242,15 @@ LOCKER = textwrap.dedent(
 )
 
 
-async def test_two_processes_one_writer(tmp_path: Path) -> None:
-    backend = JsonlBackend(tmp_path)
+@pytest.mark.parametrize("kind", ["jsonl", "sqlite"])
+async def test_two_processes_one_writer(tmp_path: Path, kind: str) -> None:
+    backend = JsonlBackend(tmp_path) if kind == "jsonl" else SqliteBackend(tmp_path / "db.sqlite")
     async with open_store() as store, open_persistence(store, backend):
         s = await store.create("shared")
         await s.append("feedback/record", 1)
         await s.flush()
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    child = subprocess.Popen([sys.executable, "-c", LOCKER, str(tmp_path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
+    child = subprocess.Popen([sys.executable, "-c", LOCKER, str(tmp_path), kind], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
     try:
         assert child.stdout is not None and child.stdin is not None
         assert (await trio.to_thread.run_sync(child.stdout.readline)).strip() == b"locked"
