@@ -40,7 +40,9 @@ class Lifetime:
             scope.cancel()
 
     @contextmanager
-    def _bound(self, scope: trio.CancelScope) -> Any:
+    def bind(self, scope: trio.CancelScope) -> Any:
+        """While the block runs, closing this lifetime cancels ``scope`` (at once if
+        it is already closed)."""
         if self.closed:
             scope.cancel()
         self._scopes.add(scope)
@@ -186,7 +188,7 @@ def _bind_all(lifetimes: Sequence[Lifetime], scope: trio.CancelScope) -> Any:
         yield
         return
     first, *rest = lifetimes
-    with first._bound(scope), _bind_all(rest, scope):
+    with first.bind(scope), _bind_all(rest, scope):
         yield
 
 

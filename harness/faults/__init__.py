@@ -1,5 +1,6 @@
 """Fault injection: failing file layers (more arrive with the agent loop)."""
 
 from harness.faults._files import FailingFiles
+from harness.faults._points import FaultPoints
 
-__all__ = ["FailingFiles"]
+__all__ = ["FailingFiles", "FaultPoints"]

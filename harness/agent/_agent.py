@@ -1,0 +1,432 @@
+"""The agent loop: turns of steps, each a model request and its tool calls."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from typing import Any, Literal
+
+import attrs
+import orjson
+import trio
+
+from harness.agent._provider import (
+    Finish,
+    ModelProvider,
+    ModelRequest,
+    ProviderError,
+    ReasoningDelta,
+    TextDelta,
+    ToolCallDelta,
+    Usage,
+)
+from harness.agent._tools import ToolSet
+from harness.errors import HarnessError
+from harness.persistence import CheckpointPolicy
+from harness.runtime import SessionHandle
+from harness.session import EventDraft, freeze, header_equals, thaw
+
+log = logging.getLogger("harness.agent")
+
+AbortKind = Literal["user", "parent", "disposed"]
+
+
+class AgentBusyError(HarnessError):
+    code = "AGENT_BUSY"
+
+
+class AgentDisposedError(HarnessError):
+    code = "AGENT_DISPOSED"
+
+
+@attrs.frozen
+class TurnResult:
+    """How a turn ended: ``reason`` is the ``turn/end`` reason record."""
+
+    turn: int
+    reason: dict[str, Any]
+
+    @property
+    def kind(self) -> str:
+        return str(self.reason["kind"])
+
+
+class _Step:
+    """What the current step has logged (for closing it on abort or error)."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+        self.chunk_seqs: list[int] = []
+        self.texts: dict[int, list[str]] = {}
+        self.reasoning: dict[int, list[str]] = {}
+        self.usage: dict[str, int] | None = None
+        self.streaming = False
+        self.message_logged = False
+        self.calls: list[dict[str, Any]] = []  # {id, name, arguments}
+        self.dispatched: set[str] = set()
+        self.answered: set[str] = set()
+
+
+class Agent:
+    """Runs turns on one live session. One turn at a time.
+
+    Every turn it starts ends with a ``turn/end`` while the process lives: completed,
+    ``max-tokens``, ``error`` (a provider failure), or ``aborted`` with the first
+    cause given to :meth:`cancel` (``user``, ``parent``, ``disposed``). An aborted step
+    is closed the way the reference closes it (visible text kept as an interrupted
+    message, unanswered tool calls answered with abort errors).
+    """
+
+    def __init__(
+        self,
+        session: SessionHandle,
+        provider: ModelProvider,
+        tools: ToolSet | None = None,
+        *,
+        system: str | None = None,
+        max_tokens: int | None = None,
+        checkpoint: CheckpointPolicy | None = None,
+        tool_concurrency: int = 4,
+        chunk_batch: int = 32,
+    ) -> None:
+        if max_tokens is not None and (type(max_tokens) is not int or max_tokens <= 0):
+            raise ValueError("agent max_tokens must be a positive integer")
+        self.session = session
+        self.provider = provider
+        self.tools = tools or ToolSet()
+        self.system = system
+        self.max_tokens = max_tokens
+        self.checkpoint = checkpoint
+        self._limiter = trio.CapacityLimiter(tool_concurrency)
+        self._chunk_batch = chunk_batch
+        self._scope: trio.CancelScope | None = None
+        self._cause: dict[str, Any] | None = None
+        self._idle = trio.Event()
+        self._idle.set()
+        self._requests = 0
+        self.disposed = False
+        events = session.events
+        self._last_turn = max((int(e.data["turn"]) for e in events if e.type == "turn/start"), default=0)  # type: ignore[index, arg-type, call-overload]
+
+    @property
+    def id(self) -> str:
+        return self.session.id
+
+    @property
+    def busy(self) -> bool:
+        return not self._idle.is_set()
+
+    def cancel(self, kind: AbortKind = "user") -> None:
+        """Abort the running turn (no-op when idle). The first cause wins."""
+        if self._scope is None:
+            return
+        if self._cause is None:
+            self._cause = {"kind": kind}
+        self._scope.cancel()
+
+    async def wait_idle(self) -> None:
+        """Return once no turn is running (always settles)."""
+        await self._idle.wait()
+
+    # -- a turn ------------------------------------------------------------------------
+
+    async def run_turn(self, text: str) -> TurnResult:
+        """Run one turn for a user message; return how it ended.
+
+        Cancellation: :meth:`cancel` ends the turn as ``aborted`` and this returns the
+        result. If the *caller* is cancelled, the turn is recorded as aborted (cause
+        ``user`` unless one was given) in a shielded cleanup, then ``Cancelled``
+        propagates. Either way ``turn/end`` is in the log before this returns.
+        """
+        if self.disposed:
+            raise AgentDisposedError(f'agent "{self.id}" is disposed', session_id=self.id)
+        if self.busy:
+            raise AgentBusyError(f'agent "{self.id}" is already running a turn', session_id=self.id)
+        self._idle = trio.Event()
+        self._cause = None
+        turn = self._last_turn + 1
+        self._last_turn = turn
+        try:
+            return await self._turn(turn, text)
+        finally:
+            # Set only after turn/end is logged: whoever waits for idle (dispose) can
+            # detach the session knowing the turn is closed.
+            self._scope = None
+            self._idle.set()
+
+    async def _turn(self, turn: int, text: str) -> TurnResult:
+        steps: list[_Step] = []
+        outcome: dict[str, Any] | None = None
+        try:
+            with trio.CancelScope() as scope:
+                self._scope = scope
+                await self.session.append_batch(
+                    [
+                        EventDraft("turn/start", {"turn": turn}),
+                        EventDraft("user/message", _user_message(text), "append"),
+                    ]
+                )
+                while outcome is None:
+                    steps.append(_Step(len(steps) + 1))
+                    outcome = await self._run_step(turn, steps[-1])
+        except ProviderError as exc:
+            outcome = {"kind": "error", "error": {"message": str(exc), "code": exc.code}}
+            if exc.status is not None:
+                outcome["error"]["status"] = exc.status
+            await self._finish(turn, steps, outcome, committed_stream=False)
+            return TurnResult(turn, outcome)
+        except BaseException:
+            # The caller was cancelled (or an append failed): the turn still ends.
+            outcome = {"kind": "aborted", "reason": self._cause or {"kind": "user"}}
+            await self._finish(turn, steps, outcome, committed_stream=True)
+            raise
+        if outcome is None:  # cancelled through self.cancel()
+            outcome = {"kind": "aborted", "reason": self._cause or {"kind": "user"}}
+        await self._finish(turn, steps, outcome, committed_stream=True)
+        return TurnResult(turn, outcome)
+
+    async def _finish(self, turn: int, steps: list[_Step], outcome: dict[str, Any], *, committed_stream: bool) -> None:
+        with trio.CancelScope(shield=True):
+            # Shielded: a turn is never left without its turn/end.
+            if outcome["kind"] in ("aborted", "error") and steps:
+                await self._close_step(turn, steps[-1], committed_stream=committed_stream)
+            await self.session.append("turn/end", {"turn": turn, "reason": outcome})
+
+    async def _run_step(self, turn: int, step: _Step) -> dict[str, Any] | None:
+        """One step; returns the turn's end reason, or None to run another step."""
+        s = self.session
+        if self.checkpoint is not None:
+            await self.checkpoint.at_step_boundary(s)
+        await s.append("step/start", {"turn": turn, "step": step.step})
+        await self._request_header()
+        request = ModelRequest(
+            session_id=s.id,
+            provider=self.provider.name,
+            model=self.provider.model,
+            messages=await s.derive_messages(),
+            tools=self.tools.specs,
+            system=self.system,
+            max_tokens=self.max_tokens,
+        )
+        if self.checkpoint is not None:
+            await self.checkpoint.before_model_request(s)
+        finish = await self._stream(turn, step, request)
+        content: list[dict[str, Any]] = []
+        for index in sorted({*step.texts, *step.reasoning}):
+            if index in step.reasoning:
+                content.append({"type": "reasoning", "text": "".join(step.reasoning[index])})
+            if index in step.texts:
+                content.append({"type": "text", "text": "".join(step.texts[index])})
+        for call in step.calls:
+            content.append({"type": "tool-call", "id": call["id"], "name": call["name"], "arguments": call["arguments"]})
+        data: dict[str, Any] = {"turn": turn, "step": step.step, "message": _assistant_message(self.provider, content)}
+        if step.usage is not None:
+            data["usage"] = step.usage
+        await s.append("assistant/message", data, surface_op="append")
+        step.message_logged = True
+        if step.calls:
+            await self._run_tools(turn, step)
+            await s.append("step/end", {"turn": turn, "step": step.step})
+            return None
+        await s.append("step/end", {"turn": turn, "step": step.step})
+        return {"kind": "max-tokens"} if finish == "length" else {"kind": "completed"}
+
+    async def _request_header(self) -> None:
+        s = self.session
+        header: dict[str, Any] = {"config": {"provider": self.provider.name, "model": self.provider.model}}
+        if self.max_tokens is not None:
+            header["config"]["maxTokens"] = self.max_tokens
+        if self.system:
+            header["system"] = self.system
+        specs = self.tools.specs
+        if specs:
+            header["tools"] = [{"name": t.name, "description": t.description, "parameters": t.parameters} for t in specs]
+        previous = s._entry.session.request_header()
+        first = self._requests == 0
+        self._requests += 1
+        drafts = []
+        if first:
+            reason = "resume" if previous is not None else "initial"
+            drafts.append(EventDraft("request/header", {"header": header, "reason": reason}))
+        elif previous is None or not header_equals(previous, freeze(header)):
+            drafts.append(EventDraft("request/header", {"header": header, "reason": "change"}))
+        context = {"provider": self.provider.name, "model": self.provider.model}
+        if self.provider.context_window is not None:
+            context["contextWindow"] = self.provider.context_window  # type: ignore[assignment]
+        last = s._entry.session.request_context()
+        if last is None or thaw(last) != context:
+            drafts.append(EventDraft("request/context", context))
+        if drafts:
+            await s.append_batch(drafts)
+
+    async def _stream(self, turn: int, step: _Step, request: ModelRequest) -> str:
+        """Stream the reply into ``assistant/chunk`` events (appended in batches)."""
+        pending: list[EventDraft] = []
+        calls: dict[str, dict[str, Any]] = {}
+        finish = "stop"
+
+        async def flush_chunks() -> None:
+            if pending:
+                events = await self.session.append_batch(pending)
+                step.chunk_seqs.extend(e.seq for e in events)
+                pending.clear()
+
+        step.streaming = True
+        try:
+            agen = self.provider.stream(request)
+            try:
+                async for chunk in agen:
+                    if isinstance(chunk, TextDelta):
+                        step.texts.setdefault(chunk.index, []).append(chunk.text)
+                        raw: dict[str, Any] = {"type": "text-delta", "index": chunk.index, "text": chunk.text}
+                    elif isinstance(chunk, ReasoningDelta):
+                        step.reasoning.setdefault(chunk.index, []).append(chunk.text)
+                        raw = {"type": "reasoning-delta", "index": chunk.index, "text": chunk.text}
+                    elif isinstance(chunk, ToolCallDelta):
+                        call = calls.setdefault(chunk.id, {"id": chunk.id, "name": chunk.name, "arguments": ""})
+                        if chunk.name is not None:
+                            call["name"] = chunk.name
+                        call["arguments"] += chunk.arguments_delta
+                        raw = {"type": "tool-call-delta", "index": chunk.index, "id": chunk.id}
+                        if chunk.name is not None:
+                            raw["name"] = chunk.name
+                        raw["argumentsDelta"] = chunk.arguments_delta
+                    elif isinstance(chunk, Usage):
+                        step.usage = {"inputTokens": chunk.input_tokens, "outputTokens": chunk.output_tokens}
+                        raw = {"type": "usage", "usage": step.usage}
+                    elif isinstance(chunk, Finish):
+                        finish = chunk.reason
+                        raw = {"type": "finish", "reason": chunk.reason}
+                    else:  # pragma: no cover - protocol violation
+                        raise ProviderError(f"unknown stream chunk {chunk!r}")
+                    pending.append(EventDraft("assistant/chunk", {"turn": turn, "step": step.step, "chunk": raw}))
+                    if len(pending) >= self._chunk_batch:
+                        await flush_chunks()
+            finally:
+                aclose = getattr(agen, "aclose", None)
+                if aclose is not None:
+                    with trio.CancelScope(shield=True):
+                        await aclose()
+        finally:
+            # Chunks that arrived are facts: log them even if the stream was cut.
+            with trio.CancelScope(shield=True):
+                await flush_chunks()
+            step.streaming = False
+        step.calls = [c for c in calls.values() if c["name"]]
+        return finish
+
+    async def _run_tools(self, turn: int, step: _Step) -> None:
+        s = self.session
+        await s.append_batch(
+            [
+                EventDraft("tool/call", {"turn": turn, "step": step.step, "callId": c["id"], "name": c["name"], "arguments": c["arguments"]})
+                for c in step.calls
+            ]
+        )
+        step.dispatched.update(c["id"] for c in step.calls)
+
+        async def run_one(call: dict[str, Any]) -> None:
+            async with self._limiter:
+                if self.checkpoint is not None:
+                    await self.checkpoint.before_tool(s)
+                tool = self.tools.get(call["name"])
+                error: dict[str, str] | None = None
+                if tool is None:
+                    text, error = f"Error: unknown tool {call['name']!r}", {"name": "UnknownToolError", "code": "UNKNOWN_TOOL"}
+                else:
+                    try:
+                        args = orjson.loads(call["arguments"] or "{}")
+                        result = await tool.fn(args if isinstance(args, dict) else {"value": args})
+                        text = result if isinstance(result, str) else orjson.dumps(result).decode()
+                    except trio.Cancelled:
+                        raise
+                    except Exception as exc:
+                        text = f"Error: {exc}"
+                        error = {"name": type(exc).__name__, "code": getattr(exc, "code", "TOOL_FAILED")}
+                await s.append("tool/result", _tool_result(turn, step.step, call["id"], text, error), surface_op="append")
+                step.answered.add(call["id"])
+
+        async with trio.open_nursery() as nursery:
+            for call in step.calls:
+                nursery.start_soon(run_one, call)
+
+    async def _close_step(self, turn: int, step: _Step | None, *, committed_stream: bool) -> None:
+        """Close an interrupted step so the log stays balanced (runs shielded)."""
+        if step is None:
+            return
+        s = self.session
+        drafts: list[EventDraft] = []
+        if not step.message_logged and committed_stream:
+            content = [{"type": "reasoning", "text": "".join(v)} for k, v in sorted(step.reasoning.items())]
+            content += [{"type": "text", "text": "".join(v)} for k, v in sorted(step.texts.items())]
+            content = [b for b in content if b["text"]]
+            if content:
+                data: dict[str, Any] = {
+                    "turn": turn,
+                    "step": step.step,
+                    "message": _assistant_message(self.provider, content),
+                    "interrupted": True,
+                }
+                if step.usage is not None:
+                    data["usage"] = step.usage
+                drafts.append(EventDraft("assistant/message", data, "append", step.chunk_seqs or None))
+        if step.message_logged:
+            for call in step.calls:
+                if call["id"] in step.answered:
+                    continue
+                if call["id"] not in step.dispatched:
+                    drafts.append(
+                        EventDraft("tool/call", {"turn": turn, "step": step.step, "callId": call["id"], "name": call["name"], "arguments": call["arguments"]})
+                    )
+                    code = "TOOL_ABORTED_BEFORE_DISPATCH"
+                    text = "Error: tool call aborted before dispatch"
+                else:
+                    code = "TOOL_ABORTED"
+                    text = "Error: tool call aborted"
+                drafts.append(
+                    EventDraft("tool/result", _tool_result(turn, step.step, call["id"], text, {"name": "AbortError", "code": code}), "append")
+                )
+        if not _step_closed(s, turn, step.step):
+            drafts.append(EventDraft("step/end", {"turn": turn, "step": step.step}))
+        if drafts:
+            await s.append_batch(drafts)
+
+
+def _step_closed(s: SessionHandle, turn: int, step: int) -> bool:
+    events = s.events
+    for i in range(len(events) - 1, -1, -1):
+        ev = events[i]
+        if ev.type == "step/start":
+            return False
+        if ev.type == "step/end":
+            return True
+        if ev.type == "turn/start":
+            return True  # no step was opened in this turn
+    return True
+
+
+def _user_message(text: str) -> dict[str, Any]:
+    return {"id": str(uuid.uuid4()), "role": "user", "content": [{"type": "text", "text": text}], "source": {"kind": "user"}}
+
+
+def _assistant_message(provider: ModelProvider, content: list[dict[str, Any]]) -> dict[str, Any]:
+    return {
+        "id": str(uuid.uuid4()),
+        "role": "assistant",
+        "content": content,
+        "source": {"kind": "model", "provider": provider.name, "model": provider.model},
+    }
+
+
+def _tool_result(turn: int, step: int, call_id: str, text: str, error: dict[str, str] | None) -> dict[str, Any]:
+    block: dict[str, Any] = {"type": "tool-result", "toolCallId": call_id, "content": [{"type": "text", "text": text}]}
+    if error is not None:
+        block["isError"] = True
+    data: dict[str, Any] = {
+        "turn": turn,
+        "step": step,
+        "message": {"id": str(uuid.uuid4()), "role": "user", "content": [block], "source": {"kind": "tool", "callId": call_id}},
+    }
+    if error is not None:
+        data["error"] = error
+    return data

@@ -1,0 +1,344 @@
+"""The agent loop runtime: create and resume agents, publish them in a fixed order,
+dispose them deterministically (reference §5 with Trio nurseries and lifetimes)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from typing import Any, final
+
+import trio
+
+from actors import Lifetime, LifetimeClosedError, Owner, run_abandonable
+from harness.agent._agent import Agent
+from harness.agent._provider import ModelProvider
+from harness.agent._tools import ToolSet
+from harness.errors import HarnessError
+from harness.faults._points import FaultPoints
+from harness.persistence import CheckpointPolicy, Persistence, SessionPreparation
+from harness.runtime import SessionHandle, Store
+from harness.session import Session
+
+log = logging.getLogger("harness.agent")
+
+Setup = Callable[[Session], Awaitable[None]]
+AgentListener = Callable[["AgentHandle"], None]
+
+
+class AgentLoopError(HarnessError):
+    code = "AGENT_LOOP_ERROR"
+
+
+class AgentAlreadyRegisteredError(AgentLoopError):
+    code = "AGENT_ALREADY_REGISTERED"
+
+
+@final
+class AgentHandle:
+    """A published agent and its session. :meth:`dispose` is idempotent."""
+
+    def __init__(self, loop: AgentLoop, agent: Agent, session: SessionHandle, owner: Lifetime) -> None:
+        self._loop = loop
+        self.agent = agent
+        self.session = session
+        self.owner = owner
+        self.announced = False
+        self._disposing = False
+        self._disposed = trio.Event()
+        self._watch_scope: trio.CancelScope | None = None
+
+    @property
+    def id(self) -> str:
+        return self.session.id
+
+    @property
+    def disposed(self) -> bool:
+        return self._disposed.is_set()
+
+    async def run_turn(self, text: str) -> Any:
+        return await self.agent.run_turn(text)
+
+    async def dispose(self) -> None:
+        """Cancel the running turn (cause ``disposed``), wait until it has logged its
+        ``turn/end``, detach the agent (``agent/disposed``), then the session
+        (``session/disposed``; persistence retires its writer).
+
+        Idempotent: every caller, concurrent or later, waits for the same teardown.
+        Shielded: a cancelled caller stops waiting, the teardown still completes.
+        """
+        if self._disposing:
+            await self._disposed.wait()
+            return
+        self._disposing = True
+        try:
+            with trio.CancelScope(shield=True):
+                self.agent.cancel("disposed")
+                await self.agent.wait_idle()
+                self.agent.disposed = True
+                self._loop._unregister(self)
+                await self._loop.store.detach(self.session)
+                if self._watch_scope is not None:
+                    self._watch_scope.cancel()
+        finally:
+            self._disposed.set()
+
+    def __repr__(self) -> str:
+        return f"<AgentHandle {self.id!r}{' disposed' if self.disposed else ''}>"
+
+
+@final
+class AgentLoop:
+    """Creates and resumes agents on a store. Get one with :func:`open_agent_loop`.
+
+    Cancellation of :meth:`resume` and :meth:`create` comes from three places, and
+    each publishes nothing and leaks nothing:
+
+    * the **caller** (ordinary Trio cancellation): ``Cancelled`` propagates;
+    * the **owner** closing: raises :class:`LifetimeClosedError` with its reason;
+    * the loop's **teardown**: raises :class:`LifetimeClosedError`
+      ("agent loop is not active").
+
+    The preparation runs as a child of the loop's nursery; if the wait is abandoned and
+    the preparation still completes, that child disposes it — so when the loop exits,
+    every preparation ever started was published or disposed, exactly once.
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        nursery: trio.Nursery,
+        *,
+        provider: ModelProvider,
+        tools: ToolSet | None,
+        persistence: Persistence | None,
+        checkpoint: bool,
+        faults: FaultPoints | None,
+        system: str | None,
+    ) -> None:
+        self.store = store
+        self.provider = provider
+        self.tools = tools or ToolSet()
+        self.persistence = persistence
+        self.checkpoint = CheckpointPolicy(store) if checkpoint else None
+        self.system = system
+        self.faults = faults or FaultPoints()
+        self.teardown = Lifetime("agent loop")
+        self._nursery = nursery
+        self._agents: dict[str, AgentHandle] = {}
+        self.created_listeners: list[AgentListener] = []
+        self.disposed_listeners: list[AgentListener] = []
+        self.session_start_listeners: list[Callable[[AgentHandle, str], None]] = []
+        self.stats = {"prepared": 0, "published": 0, "disposed": 0}
+        self._counted: set[int] = set()
+
+    # -- registry ----------------------------------------------------------------------
+
+    def get(self, agent_id: str) -> AgentHandle | None:
+        return self._agents.get(agent_id)
+
+    def list(self) -> list[AgentHandle]:
+        return list(self._agents.values())
+
+    def _unregister(self, handle: AgentHandle) -> None:
+        if self._agents.get(handle.id) is handle:
+            del self._agents[handle.id]
+            if handle.announced:
+                for listener in list(self.disposed_listeners):
+                    try:
+                        listener(handle)
+                    except Exception as exc:
+                        log.warning('agent "%s": agent/disposed listener threw: %r', handle.id, exc)
+
+    # -- create / resume --------------------------------------------------------------
+
+    async def resume(self, session_id: str, *, owner: Owner, setup: Setup | None = None) -> AgentHandle:
+        """Load a persisted session into a new live agent (ownership transfer, no copy).
+
+        Publication order: enter session, enter agent, announce session, announce
+        agent, ``agent/session-start {source: "resume"}``; a failure or cancellation
+        at any step unwinds the completed steps in reverse and leaves the store as it
+        was. ``setup`` sees the restored session (stored events, repair closers,
+        end-seed) before anything is published, under the same cancellation.
+        """
+        persistence = self.persistence
+        if persistence is None:
+            raise AgentLoopError("cannot resume: session persistence is not configured")
+        return await self._open(session_id, owner, setup, "resume", lambda: persistence.prepare(session_id))
+
+    async def create(
+        self, session_id: str | None = None, *, owner: Owner, setup: Setup | None = None, **meta: Any
+    ) -> AgentHandle:
+        """Create a fresh agent through the same prepare and publish path (source
+        ``startup``). Same cancellation contract as :meth:`resume`."""
+
+        async def prepare() -> SessionPreparation | Any:
+            prepared = await self.store.prepare(session_id, **meta)
+            return _FreshPreparation(prepared.session)
+
+        return await self._open(session_id or "<new>", owner, setup, "startup", prepare)
+
+    async def _open(
+        self,
+        name: str,
+        owner: Owner,
+        setup: Setup | None,
+        source: str,
+        prepare: Callable[[], Awaitable[Any]],
+    ) -> AgentHandle:
+        lifetimes = [owner, self.teardown]
+        await self.faults.point("open.start")
+
+        async def counted_prepare() -> Any:
+            await self.faults.point("open.preparing")
+            prep = await prepare()
+            self.stats["prepared"] += 1
+            await self.faults.point("open.prepare-returned")
+            return prep
+
+        async def dispose_prep(prep: Any) -> None:
+            # Each preparation is counted once: as published, or as disposed here.
+            if id(prep) not in self._counted:
+                self._counted.add(id(prep))
+                self.stats["disposed"] += 1
+            await prep.dispose()
+
+        prep = await run_abandonable(
+            self._nursery, counted_prepare, dispose=dispose_prep, lifetimes=lifetimes, name=f"prepare {name}"
+        )
+        try:
+            with trio.CancelScope() as scope, _bound(lifetimes, scope):
+                await self.faults.point("open.prepared")
+                if setup is not None:
+                    await setup(prep.session)
+                    await self.faults.point("open.setup")
+                handle = await self._publish(prep, owner, source)
+            if scope.cancelled_caught:
+                closed = next(lt for lt in lifetimes if lt.closed)
+                raise LifetimeClosedError(closed.name, closed.reason)
+            return handle
+        finally:
+            if id(prep) not in self._counted:
+                with trio.CancelScope(shield=True):
+                    await dispose_prep(prep)
+
+    async def _publish(self, prep: Any, owner: Owner, source: str) -> AgentHandle:
+        store = self.store
+        session = prep.session
+        entered: SessionHandle | None = None
+        handle: AgentHandle | None = None
+        try:
+            await self.faults.point("publish.start")
+            prepared = await store.adopt(session)
+            entered = await store.enter(prepared)  # 1. enter session
+            await self.faults.point("publish.session-entered")
+            if session.id in self._agents:  # 2. enter agent
+                raise AgentAlreadyRegisteredError(f'agent "{session.id}" is already registered', session_id=session.id)
+            agent = Agent(entered, self.provider, self.tools, system=self.system, checkpoint=self.checkpoint)
+            handle = AgentHandle(self, agent, entered, owner)
+            self._agents[session.id] = handle
+            await self.faults.point("publish.agent-entered")
+            await store.announce(entered)  # 3. announce session (persistence claims it)
+            prep.published = True
+            self._counted.add(id(prep))
+            self.stats["published"] += 1
+            await self.faults.point("publish.session-announced")
+            handle.announced = True  # 4. announce agent
+            for listener in list(self.created_listeners):
+                listener(handle)
+            await self.faults.point("publish.agent-announced")
+            for start in list(self.session_start_listeners):  # 5. agent/session-start
+                start(handle, source)
+            await self.faults.point("publish.session-started")
+            owner.start_soon(self._watch_owner, handle)
+            return handle
+        except BaseException:
+            with trio.CancelScope(shield=True):
+                # Unwind in reverse: agent/disposed (if announced), the agent entry,
+                # then the session (session/disposed only if it was announced).
+                if handle is not None:
+                    handle.agent.disposed = True
+                    self._unregister(handle)
+                if entered is not None:
+                    await store.detach(entered)
+            raise
+
+    async def _watch_owner(self, handle: AgentHandle) -> None:
+        # Runs in the owner's nursery: when the owner closes, its agent is disposed.
+        with trio.CancelScope() as scope:
+            handle._watch_scope = scope
+            try:
+                await trio.sleep_forever()
+            finally:
+                if not handle._disposing:
+                    with trio.CancelScope(shield=True):
+                        await handle.dispose()
+
+    async def aclose(self) -> None:
+        """Stop accepting, close the teardown lifetime, dispose every live agent."""
+        self.teardown.close("agent loop is not active")
+        with trio.CancelScope(shield=True):
+            async with trio.open_nursery() as nursery:
+                for handle in list(self._agents.values()):
+                    nursery.start_soon(handle.dispose)
+
+
+class _FreshPreparation:
+    """A new session's preparation: nothing to release but the unpublished session."""
+
+    def __init__(self, session: Session) -> None:
+        self.session = session
+        self.published = False
+        self.disposed = False
+
+    async def dispose(self) -> None:
+        self.disposed = True
+
+
+class _bound:
+    """Bind a cancel scope to several lifetimes (closing any cancels the scope)."""
+
+    def __init__(self, lifetimes: list[Lifetime], scope: trio.CancelScope) -> None:
+        self._cms = [lt.bind(scope) for lt in lifetimes]
+
+    def __enter__(self) -> None:
+        for cm in self._cms:
+            cm.__enter__()
+
+    def __exit__(self, *exc: object) -> None:
+        for cm in reversed(self._cms):
+            cm.__exit__(None, None, None)
+
+
+@asynccontextmanager
+async def open_agent_loop(
+    store: Store,
+    *,
+    provider: ModelProvider,
+    tools: ToolSet | None = None,
+    persistence: Persistence | None = None,
+    checkpoint: bool = True,
+    faults: FaultPoints | None = None,
+    system: str | None = None,
+) -> AsyncIterator[AgentLoop]:
+    """Run an agent loop for the duration of the block.
+
+    Leaving closes the teardown lifetime (pending resumes end with
+    :class:`LifetimeClosedError`), disposes every live agent, and waits for every
+    preparation still running in the loop's nursery (a late one is disposed).
+    """
+    async with trio.open_nursery() as nursery:
+        loop = AgentLoop(
+            store,
+            nursery,
+            provider=provider,
+            tools=tools,
+            persistence=persistence,
+            checkpoint=checkpoint and persistence is not None,
+            faults=faults,
+            system=system,
+        )
+        try:
+            yield loop
+        finally:
+            await loop.aclose()

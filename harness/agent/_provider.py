@@ -1,0 +1,110 @@
+"""The model-provider protocol: a request in, a stream of typed chunks out."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from typing import Any, Protocol, TypeAlias
+
+import attrs
+
+from harness.errors import HarnessError
+from harness.session import FrozenDict
+
+
+@attrs.frozen
+class TextDelta:
+    index: int
+    text: str
+
+
+@attrs.frozen
+class ReasoningDelta:
+    index: int
+    text: str
+
+
+@attrs.frozen
+class ToolCallDelta:
+    """Part of a tool call's JSON arguments; ``name`` arrives with the first delta."""
+
+    index: int
+    id: str
+    arguments_delta: str
+    name: str | None = None
+
+
+@attrs.frozen
+class Usage:
+    input_tokens: int
+    output_tokens: int
+
+
+@attrs.frozen
+class Finish:
+    """``reason``: ``stop``, ``tool-calls`` or ``length`` (the output hit max tokens)."""
+
+    reason: str
+
+
+StreamChunk: TypeAlias = TextDelta | ReasoningDelta | ToolCallDelta | Usage | Finish
+
+
+@attrs.frozen
+class ToolSpec:
+    name: str
+    description: str
+    parameters: dict[str, Any]
+
+
+@attrs.frozen
+class ModelRequest:
+    """What the loop asks the model: the surface messages plus the epoch header."""
+
+    session_id: str
+    provider: str
+    model: str
+    messages: Sequence[FrozenDict]
+    tools: tuple[ToolSpec, ...] = ()
+    system: str | None = None
+    max_tokens: int | None = None
+
+
+class ModelProvider(Protocol):
+    """Streams a reply. Raise :class:`ProviderError` subclasses for failures.
+
+    Cancellation: the loop cancels the iteration (and ``aclose``s the iterator)
+    when a turn is cancelled; a provider must not swallow ``Cancelled``.
+    """
+
+    name: str
+    model: str
+    context_window: int | None
+
+    def stream(self, request: ModelRequest) -> AsyncIterator[StreamChunk]: ...
+
+
+class ProviderError(HarnessError):
+    """The model call failed. ``status`` and ``retry_after_ms`` when known."""
+
+    code = "PROVIDER_ERROR"
+
+    def __init__(self, message: str, *, status: int | None = None, retry_after_ms: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.retry_after_ms = retry_after_ms
+
+
+class ContextWindowExceededError(ProviderError):
+    """The request does not fit the model's context window (compaction recovers)."""
+
+    code = "CONTEXT_WINDOW_EXCEEDED"
+
+
+class RateLimitedError(ProviderError):
+    code = "RATE_LIMITED"
+
+
+class ScriptExhaustedError(ProviderError):
+    """The scripted provider was asked for more replies than its script holds."""
+
+    code = "SCRIPT_EXHAUSTED"
