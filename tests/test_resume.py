@@ -30,7 +30,7 @@ async def stack(root: Path, script: list[Any] | None = None, faults: FaultPoints
 
 
 async def seed_session(root: Path, sid: str = "s1", **meta: Any) -> list[str]:
-    async with stack(root) as (store, p, loop), Owner("seed") as owner:
+    async with stack(root) as (_store, _p, loop), Owner("seed") as owner:
         h = await loop.create(sid, owner=owner, **meta)
         await h.run_turn("first")
         types = [e.type for e in h.session.events]
@@ -62,7 +62,7 @@ async def test_resume_preserves_header_and_appends_end_seed_once(tmp_path: Path)
         h = await loop.resume("s1", owner=owner)  # a turn ran since: a new end-seed
         n = h.session.seq
         await h.dispose()
-    async with stack(tmp_path) as (store, p, loop), Owner("app") as owner:
+    async with stack(tmp_path) as (store, _p, loop), Owner("app") as owner:
         h = await loop.resume("s1", owner=owner)
         assert h.session.seq == n  # reopening an untouched session does not grow it
         # A fresh session has no seed, so no marker; each resume after new events adds one.
@@ -71,7 +71,7 @@ async def test_resume_preserves_header_and_appends_end_seed_once(tmp_path: Path)
 
 async def test_resume_errors(tmp_path: Path) -> None:
     await seed_session(tmp_path)
-    async with stack(tmp_path) as (store, p, loop), Owner("app") as owner:
+    async with stack(tmp_path) as (_store, _p, loop), Owner("app") as owner:
         with pytest.raises(PersistedSessionNotFoundError):
             await loop.resume("missing", owner=owner)
         h = await loop.resume("s1", owner=owner)
@@ -86,7 +86,7 @@ async def test_concurrent_dispose_callers_wait_for_the_same_teardown(tmp_path: P
     from harness.agent import Delay
 
     await seed_session(tmp_path)
-    async with stack(tmp_path, [[Delay(50), Say("slow")]]) as (store, p, loop), Owner("app") as owner:
+    async with stack(tmp_path, [[Delay(50), Say("slow")]]) as (store, _p, loop), Owner("app") as owner:
         h = await loop.resume("s1", owner=owner)
         done: list[int] = []
         async with trio.open_nursery() as n:
@@ -108,7 +108,7 @@ async def _dispose_and_mark(h: Any, done: list[int], i: int) -> None:
 
 async def test_owner_close_disposes_its_agents(tmp_path: Path) -> None:
     await seed_session(tmp_path)
-    async with stack(tmp_path) as (store, p, loop):
+    async with stack(tmp_path) as (store, _p, loop):
         async with Owner("app") as owner:
             h = await loop.resume("s1", owner=owner)
         assert h.disposed and await store.get("s1") is None
@@ -196,7 +196,7 @@ async def test_preparation_that_finishes_late_is_disposed_at_shutdown(tmp_path: 
         threading.Timer(0.1, gate.set).start()  # the backend returns only later
     # The loop's shutdown waited for the late preparation and disposed it.
     assert loop.stats == {"prepared": 1, "published": 0, "disposed": 1}
-    async with stack(tmp_path) as (store, p, loop):
+    async with stack(tmp_path) as (_store, p, loop):
         prep = await p.prepare("s1")  # its lock was released
         await prep.dispose()
 
@@ -210,7 +210,7 @@ async def test_resume_of_a_fork_keeps_its_lineage(tmp_path: Path) -> None:
         await child.flush()
         await store.detach(child)
         await h.dispose()
-    async with stack(tmp_path) as (store, p, loop), Owner("app") as owner:
+    async with stack(tmp_path) as (store, _p, loop), Owner("app") as owner:
         c = await loop.resume("child", owner=owner)
         hdr = c.session.header
         assert (hdr.parent_session, hdr.cwd) == ("parent", "/proj")
