@@ -19,6 +19,7 @@ WORKLOADS: dict[str, Workload] = {
     "W4": _core.w4,
     "W5": _disk.w5,
     "W6": _core.w6,
+    "W7": _disk.w7,
 }
 """Workload ids; each may produce several variants (e.g. W2 -> W2, W2b)."""
 

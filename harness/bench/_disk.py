@@ -92,3 +92,60 @@ def w5(n: int, runs: int) -> list[Result]:
         ]
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def w7(n: int, runs: int) -> list[Result]:
+    """Resume end to end: load + repair + publish of an n-event session from disk.
+
+    Floor: ``orjson.loads`` of the same lines with the collector off (W4's floor).
+    """
+    import trio
+
+    from actors import Owner
+    from harness.agent import ScriptedProvider, open_agent_loop
+    from harness.persistence import open_persistence
+    from harness.runtime import open_store
+
+    records = [bench_record(i) for i in range(n)]
+    tmp = Path(tempfile.mkdtemp(prefix="harness-bench-"))
+    try:
+        backend = JsonlBackend(tmp)
+        backend.materialize(dict(HEADER), records)
+        path = backend.locate("bench")
+        assert path is not None
+        lines = path.read_bytes().splitlines()[1:]
+
+        def floor() -> float:
+            was = gc.isenabled()
+            gc.disable()
+            try:
+                t0 = time.perf_counter()
+                _ = [orjson.loads(line) for line in lines]
+                return time.perf_counter() - t0
+            finally:
+                if was:
+                    gc.enable()
+
+        async def main() -> list[float]:
+            samples = []
+            async with (
+                open_store() as store,
+                open_persistence(store, JsonlBackend(tmp)) as p,
+                open_agent_loop(store, provider=ScriptedProvider([]), persistence=p) as loop,
+                Owner("bench") as owner,
+            ):
+                for _ in range(runs):
+                    t0 = time.perf_counter()
+                    handle = await loop.resume("bench", owner=owner)
+                    samples.append(time.perf_counter() - t0)
+                    assert handle.session.seq >= n + 1
+                    await handle.dispose()
+                    del handle
+            return samples
+
+        samples = iter(trio.run(main))
+        return [
+            Result("W7", median_ms(lambda: next(samples), runs), median_ms(floor, runs), {"n": n}, "resume: load + repair + publish")
+        ]
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)

@@ -252,15 +252,8 @@ class Persistence:
 
     def _check_and_repair(self, session_id: str, stored: StoredLog) -> tuple[list[Any], list[Any]]:
         records = stored.records
-        for rec in records:
-            t = rec.get("type") if type(rec) is dict else None
-            if t not in KNOWN_EVENT_TYPES and rec.get("ignorable") is not True:
-                raise SessionFormatUnsupportedError(
-                    f'session "{session_id}" contains event type "{t}" (seq {rec.get("seq")}) unknown to '
-                    "this harness and not marked ignorable; refusing to interpret the log — it was "
-                    "likely written by a newer harness",
-                    session_id=session_id,
-                )
+        if not {rec["type"] for rec in records} <= KNOWN_EVENT_TYPES:
+            self._refuse_unknown(session_id, records)
         try:
             closers = [event_to_record(e) for e in closers_for_records(records)]
         except Exception as exc:
@@ -268,6 +261,17 @@ class Persistence:
                 f'stored session "{session_id}" failed validation: {exc}', session_id=session_id
             ) from exc
         return records, closers
+
+    def _refuse_unknown(self, session_id: str, records: list[Any]) -> None:
+        for rec in records:
+            t = rec["type"]
+            if t not in KNOWN_EVENT_TYPES and rec.get("ignorable") is not True:
+                raise SessionFormatUnsupportedError(
+                    f'session "{session_id}" contains event type "{t}" (seq {rec.get("seq")}) unknown to '
+                    "this harness and not marked ignorable; refusing to interpret the log — it was "
+                    "likely written by a newer harness",
+                    session_id=session_id,
+                )
 
     async def load(self, session_id: str) -> Session:
         """Read a stored session without taking its lock or changing storage (for

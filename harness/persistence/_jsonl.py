@@ -189,52 +189,15 @@ class JsonlBackend:
                 f'corrupt session log "{path}": header id "{header["id"]}" and cwd identify "{expected_path}"',
                 session_id=session_id,
             )
-        records: list[Any] = []
-        committed = nl + 1
         size = len(data)
-        # One split, then a fast path for the common line (one plain event that
-        # continues the seq); rows, bad lines and gaps take the general path.
         lines = data[nl + 1 :].split(b"\n")
-        torn_fragment = lines.pop()  # after the last newline: b"" or a torn fragment
-        del torn_fragment
-        pos = nl + 1
-        issue: str | None = None
-        loads = orjson.loads
-        push = records.append
+        fragment = lines.pop()  # after the last newline: b"" or a torn fragment
         with gc_paused():
-            for k, line in enumerate(lines):
-                line_no = k + 2
-                pos += len(line) + 1
-                if issue is None:
-                    try:
-                        obj = loads(line)
-                    except orjson.JSONDecodeError:
-                        obj = _BAD
-                    if type(obj) is dict and obj.get("seq") == len(records) and obj.get("type") not in ROW_TAGS:
-                        push(obj)
-                        committed = pos
-                        continue
-                    decoded = _decode(obj)
-                    if decoded is None:
-                        issue = f"corrupt session log: unparsable committed event at line {line_no}"
-                    else:
-                        expected = len(records)
-                        bad = next((e for j, e in enumerate(decoded) if e.get("seq") != expected + j), None)
-                        if bad is None:
-                            records.extend(decoded)
-                            committed = pos
-                            continue
-                        issue = (
-                            f"corrupt session log: seq gap in committed region at line {line_no} "
-                            f"(expected {expected + decoded.index(bad)}, got {bad.get('seq')})"
-                        )
-                else:
-                    try:
-                        decoded = _decode(loads(line))
-                    except orjson.JSONDecodeError:
-                        decoded = None
-                if decoded is not None and any(e.get("type") == "turn/end" for e in decoded):
-                    raise SessionCorruptionError(issue, session_id=session_id)
+            records = _fast_scan(lines)
+            if records is not None:
+                committed = size - len(fragment)
+            else:
+                records, committed = _slow_scan(session_id, lines, nl + 1)
         truncate_to = committed if committed < size else None
         return StoredLog(header, records, truncate_to, _revision(path))
 
@@ -412,6 +375,55 @@ class _FlockLease(WriterLease):
 
 
 _BAD: Final[Any] = object()
+
+
+def _fast_scan(lines: list[bytes]) -> list[Any] | None:
+    """The common case, in two tight passes: every line one plain event, seqs 0..n-1.
+    ``None`` if anything is off (then :func:`_slow_scan` applies the exact rules)."""
+    loads = orjson.loads
+    try:
+        records = [loads(line) for line in lines]
+    except orjson.JSONDecodeError:
+        return None
+    for i, obj in enumerate(records):
+        if type(obj) is not dict or obj.get("seq") != i or obj.get("type") in ROW_TAGS:
+            return None
+    return records
+
+
+def _slow_scan(session_id: str, lines: list[bytes], start: int) -> tuple[list[Any], int]:
+    """The reading rules of reference §1.5, line by line (rows, bad lines, gaps)."""
+    records: list[Any] = []
+    committed = start
+    pos = start
+    issue: str | None = None
+    loads = orjson.loads
+    for k, line in enumerate(lines):
+        line_no = k + 2
+        pos += len(line) + 1
+        obj: Any
+        try:
+            obj = loads(line)
+        except orjson.JSONDecodeError:
+            obj = _BAD
+        decoded = _decode(obj)
+        if issue is None:
+            if decoded is None:
+                issue = f"corrupt session log: unparsable committed event at line {line_no}"
+            else:
+                expected = len(records)
+                bad = next((e for j, e in enumerate(decoded) if e.get("seq") != expected + j), None)
+                if bad is None:
+                    records.extend(decoded)
+                    committed = pos
+                    continue
+                issue = (
+                    f"corrupt session log: seq gap in committed region at line {line_no} "
+                    f"(expected {expected + decoded.index(bad)}, got {bad.get('seq')})"
+                )
+        if decoded is not None and any(e.get("type") == "turn/end" for e in decoded):
+            raise SessionCorruptionError(issue, session_id=session_id)
+    return records, committed
 
 
 def _decode(obj: Any) -> list[dict[str, Any]] | None:

@@ -57,6 +57,7 @@ class SessionWriter:
         self.pending: list[dict[str, Any]] = []
         self._lock = trio.Lock()
         self._window = 0  # generation of the armed window (0: none armed)
+        self._window_scope: trio.CancelScope | None = None
         self._paused = False
         self.failure: BaseException | None = None
         self.closed = False
@@ -84,6 +85,14 @@ class SessionWriter:
         self._paused = False
         self._arm()
 
+    def _disarm(self) -> None:
+        # A flush takes over the armed window: stop its sleep so that the task does
+        # not outlive the work (and pin a retired session in memory).
+        self._window = 0
+        if self._window_scope is not None:
+            self._window_scope.cancel()
+            self._window_scope = None
+
     def _arm(self) -> None:
         if self._window or self._paused or self.closed:
             return
@@ -91,9 +100,13 @@ class SessionWriter:
         self._nursery.start_soon(self._run_window, generation)
 
     async def _run_window(self, generation: int) -> None:
-        await trio.sleep(self._delay)
+        with trio.CancelScope() as scope:
+            self._window_scope = scope
+            await trio.sleep(self._delay)
+        if self._window_scope is scope:
+            self._window_scope = None
         if self._window != generation:
-            return  # a flush took over
+            return  # a flush took over (and cancelled the sleep)
         self._window = 0
         try:
             await self._write_some()
@@ -114,7 +127,7 @@ class SessionWriter:
         Raises :class:`FlushError` (chained to the cause) while writes fail. Cancelling
         the caller abandons the wait, never a write in progress.
         """
-        self._window = 0
+        self._disarm()
         target = self.queued
         while self.durable < target:
             await self._write_some()
@@ -159,7 +172,7 @@ class SessionWriter:
             await self.flush()
         finally:
             self.closed = True
-            self._window = 0
+            self._disarm()
             lease, self.lease = self.lease, None
             if lease is not None:
                 with trio.CancelScope(shield=True):

@@ -29,8 +29,25 @@ def interrupted_turn_closers(events: Sequence[Event]) -> list[Event]:
 
 
 def closers_for_records(records: Sequence[Any]) -> list[Event]:
-    """:func:`interrupted_turn_closers` over raw stored records (before a Session exists)."""
-    return closers_for([(r["type"], r["seq"], r["time"], r["data"]) for r in records])
+    """:func:`interrupted_turn_closers` over raw stored records (before a Session exists).
+
+    Only the events since the last turn marker matter (``turn/start`` resets every
+    pending call and step), so the scan starts there: O(last turn), not O(log).
+    """
+    start = -1
+    i = len(records)
+    for r in reversed(records):
+        i -= 1
+        t = r["type"]
+        if t == "turn/start" or t == "turn/end":
+            if t == "turn/end":
+                return []
+            start = i
+            break
+    if start < 0:
+        return []
+    tail = records[start:]
+    return closers_for([(r["type"], r["seq"], r["time"], r["data"]) for r in tail])
 
 
 def closers_for(events: Sequence[tuple[str, int, int, Any]]) -> list[Event]:
