@@ -62,11 +62,15 @@ def _assistant(turn: int, mid: str, blocks: list[dict[str, object]]) -> dict[str
 
 
 def run_demo(root: str | None = None) -> int:
-    print("== 1. the pure session core ==")
-    _core_walk()
+    from harness._demo_agent import run_agent_story
+
     where = Path(root) if root else Path(tempfile.mkdtemp(prefix="harness-demo-"))
-    print(f"\n== 2. sessions as actors, on a store, durable under {where} ==")
-    trio.run(_store_walk, where)
+    where.mkdir(parents=True, exist_ok=True)
+    run_agent_story(where / "agent")
+    print("\n== more: the pure session core ==")
+    _core_walk()
+    print(f"\n== more: sessions as actors on a store, durable under {where / 'store'} ==")
+    trio.run(_store_walk, where / "store")
     return 0
 
 
