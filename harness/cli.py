@@ -26,3 +26,7 @@ def main(argv: list[str] | None = None) -> None:
     from harness.demo import run_demo
 
     sys.exit(run_demo(root=args.root))
+
+
+if __name__ == "__main__":
+    main()

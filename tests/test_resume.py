@@ -206,6 +206,7 @@ async def test_resume_of_a_fork_keeps_its_lineage(tmp_path: Path) -> None:
         h = await loop.create("parent", owner=owner, cwd="/proj", delegation_depth=2)
         await h.run_turn("hello")
         child = await store.fork(h.session, None, "child")
+        fork_seed_length = child.header.seed_length
         await child.append_batch([EventDraft("feedback/record", {"text": "child only"})])
         await child.flush()
         await store.detach(child)
@@ -214,7 +215,43 @@ async def test_resume_of_a_fork_keeps_its_lineage(tmp_path: Path) -> None:
         c = await loop.resume("child", owner=owner)
         hdr = c.session.header
         assert (hdr.parent_session, hdr.cwd) == ("parent", "/proj")
-        assert hdr.seed_length is not None and hdr.seed_length > 0
+        assert hdr.seed_length == fork_seed_length
+        # Fork does not inherit delegationDepth (reference §8); on disk absent is 0.
+        assert hdr.delegation_depth == 0
         assert c.session.first_live_seq == c.session.seq - 1
         await c.run_turn("continue the branch")
         assert [thaw(e.data)["turn"] for e in c.session.events if e.type == "turn/start"] == [1, 2]
+
+
+async def test_setup_runs_before_publication_and_its_failure_unwinds(tmp_path: Path) -> None:
+    await seed_session(tmp_path)
+    async with stack(tmp_path) as (store, p, loop), Owner("app") as owner:
+        seen: list[Any] = []
+
+        async def setup(session: Any) -> None:
+            seen.append((session.events[-1].type, await store.get("s1"), loop.get("s1")))
+
+        h = await loop.resume("s1", owner=owner, setup=setup)
+        assert seen == [("session/end-seed", None, None)]  # nothing registered yet
+        await h.dispose()
+
+        async def failing(session: Any) -> None:
+            raise KeyError("setup refused")
+
+        with pytest.raises(KeyError):
+            await loop.resume("s1", owner=owner, setup=failing)
+        assert await store.list() == [] and loop.list() == []
+        assert loop.stats["prepared"] == loop.stats["published"] + loop.stats["disposed"]
+        prep = await p.prepare("s1")  # nothing leaked: the lock is free
+        await prep.dispose()
+
+
+async def test_request_header_change_is_logged(tmp_path: Path) -> None:
+    async with stack(tmp_path) as (store, p, loop), Owner("app") as owner:
+        h = await loop.create("c", owner=owner)
+        await h.run_turn("one")
+        h.agent.system = "be brief"  # the epoch header changes
+        await h.run_turn("two")
+        await h.run_turn("three")
+        reasons = [thaw(e.data)["reason"] for e in h.session.events if e.type == "request/header"]
+        assert reasons == ["initial", "change"]
