@@ -4,6 +4,7 @@ dispose them deterministically (reference §5 with Trio nurseries and lifetimes)
 from __future__ import annotations
 
 import logging
+import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any, final
@@ -130,7 +131,9 @@ class AgentLoop:
         self.disposed_listeners: list[AgentListener] = []
         self.session_start_listeners: list[Callable[[AgentHandle, str], None]] = []
         self.stats = {"prepared": 0, "published": 0, "disposed": 0}
-        self._counted: set[int] = set()
+        # Weak, by object: an id() could be reused by the next preparation once this
+        # one is freed, which would make it look counted (and leave it undisposed).
+        self._counted: weakref.WeakSet[Any] = weakref.WeakSet()
 
     # -- registry ----------------------------------------------------------------------
 
@@ -198,8 +201,8 @@ class AgentLoop:
 
         async def dispose_prep(prep: Any) -> None:
             # Each preparation is counted once: as published, or as disposed here.
-            if id(prep) not in self._counted:
-                self._counted.add(id(prep))
+            if prep not in self._counted:
+                self._counted.add(prep)
                 self.stats["disposed"] += 1
             await prep.dispose()
 
@@ -218,7 +221,7 @@ class AgentLoop:
                 raise LifetimeClosedError(closed.name, closed.reason)
             return handle
         finally:
-            if id(prep) not in self._counted:
+            if prep not in self._counted:
                 with trio.CancelScope(shield=True):
                     await dispose_prep(prep)
 
@@ -240,7 +243,7 @@ class AgentLoop:
             await self.faults.point("publish.agent-entered")
             await store.announce(entered)  # 3. announce session (persistence claims it)
             prep.published = True
-            self._counted.add(id(prep))
+            self._counted.add(prep)
             self.stats["published"] += 1
             await self.faults.point("publish.session-announced")
             handle.announced = True  # 4. announce agent

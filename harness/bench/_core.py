@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import gc
 import time
 
 import orjson
 
 from harness.bench._events import bench_payload, bench_record
-from harness.bench._runner import Result, median_ms
+from harness.bench._runner import Result, loads_floor, median_ms
 from harness.session import EventDraft, ReplaceOp, Session, event_to_record
 
 
@@ -118,17 +117,6 @@ def w4(n: int, runs: int) -> list[Result]:
     lines = [orjson.dumps(bench_record(i)) for i in range(n)]
     loads = orjson.loads
 
-    def floor() -> float:
-        was = gc.isenabled()
-        gc.disable()
-        try:
-            t0 = time.perf_counter()
-            _ = [loads(line) for line in lines]
-            return time.perf_counter() - t0
-        finally:
-            if was:
-                gc.enable()
-
     def restore() -> float:
         t0 = time.perf_counter()
         s = Session.restore_lines("bench-w4", lines, dict(header), clock=_fixed_clock)
@@ -144,7 +132,7 @@ def w4(n: int, runs: int) -> list[Result]:
         assert s.seq == n + 1
         return dt
 
-    floor_ms = median_ms(floor, runs)
+    floor_ms = median_ms(lambda: loads_floor(lines), runs)
     return [
         Result("W4", median_ms(restore, runs), floor_ms, {"n": n}, "orjson.loads + restore mode"),
         Result(

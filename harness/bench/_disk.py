@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gc
 import os
 import shutil
 import tempfile
@@ -12,7 +11,7 @@ from pathlib import Path
 import orjson
 
 from harness.bench._events import bench_record
-from harness.bench._runner import Result, median_ms
+from harness.bench._runner import Result, loads_floor, median_ms
 from harness.persistence import JsonlBackend, build_session
 from harness.session import gc_paused
 
@@ -56,17 +55,6 @@ def w5(n: int, runs: int) -> list[Result]:
         size = path.stat().st_size
         lines = path.read_bytes().splitlines()[1:]
 
-        def load_floor() -> float:
-            was = gc.isenabled()
-            gc.disable()
-            try:
-                t0 = time.perf_counter()
-                _ = [orjson.loads(line) for line in lines]
-                return time.perf_counter() - t0
-            finally:
-                if was:
-                    gc.enable()
-
         def load() -> float:
             t0 = time.perf_counter()
             stored = backend.load("bench")
@@ -84,7 +72,7 @@ def w5(n: int, runs: int) -> list[Result]:
             assert session.seq == n + 1
             return dt
 
-        floor = median_ms(load_floor, runs)
+        floor = median_ms(lambda: loads_floor(lines), runs)
         return [
             Result("W5-write", write_ms, write_floor_ms, {"n": n, "bytes": size}, "materialize + fsync vs orjson + one fsync"),
             Result("W5-load", median_ms(load, runs), floor, {"n": n, "bytes": size}, "read + scan + decode"),
@@ -115,17 +103,6 @@ def w7(n: int, runs: int) -> list[Result]:
         assert path is not None
         lines = path.read_bytes().splitlines()[1:]
 
-        def floor() -> float:
-            was = gc.isenabled()
-            gc.disable()
-            try:
-                t0 = time.perf_counter()
-                _ = [orjson.loads(line) for line in lines]
-                return time.perf_counter() - t0
-            finally:
-                if was:
-                    gc.enable()
-
         async def main() -> list[float]:
             samples = []
             async with (
@@ -145,7 +122,7 @@ def w7(n: int, runs: int) -> list[Result]:
 
         samples = iter(trio.run(main))
         return [
-            Result("W7", median_ms(lambda: next(samples), runs), median_ms(floor, runs), {"n": n}, "resume: load + repair + publish")
+            Result("W7", median_ms(lambda: next(samples), runs), median_ms(lambda: loads_floor(lines), runs), {"n": n}, "resume: load + repair + publish")
         ]
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -39,6 +39,23 @@ class Result:
         return f"{self.key:16s} {self.median_ms:10.3f} ms{floor}{extra}  {self.note}".rstrip()
 
 
+def loads_floor(lines: list[bytes]) -> float:
+    """The decode floor: ``orjson.loads`` of every line, collector off (seconds)."""
+    import gc
+
+    import orjson
+
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        t0 = time.perf_counter()
+        _ = [orjson.loads(line) for line in lines]
+        return time.perf_counter() - t0
+    finally:
+        if was:
+            gc.enable()
+
+
 def median_ms(fn: Callable[[], float | None], runs: int) -> float:
     """Median wall time in ms of ``fn`` over ``runs`` runs.
 

@@ -121,15 +121,7 @@ class Persistence:
                     session_id=handle.id,
                 )
             del self._reserved[handle.id]
-            writer = SessionWriter(
-                backend=self.backend,
-                session=session,
-                nursery=self._nursery,
-                delay=self._delay,
-                materialized=True,
-                cursor=reserved.cursor,
-                lease=reserved._claim(),
-            )
+            writer = self._new_writer(session, materialized=True, cursor=reserved.cursor, lease=reserved._claim())
         else:
             sid = handle.id
             box: list[SessionWriter] = []
@@ -137,19 +129,13 @@ class Persistence:
             async def wait_retired() -> None:
                 await self._wait_retired(sid, box[0])
 
-            writer = SessionWriter(
-                backend=self.backend,
-                session=session,
-                nursery=self._nursery,
-                delay=self._delay,
-                materialized=False,
-                cursor=0,
-                lease=None,
-                before_first_write=wait_retired,
-            )
+            writer = self._new_writer(session, materialized=False, cursor=0, lease=None, before_first_write=wait_retired)
             box.append(writer)
         self._writers[handle.id] = writer
         return writer
+
+    def _new_writer(self, session: Session, **kwargs: Any) -> SessionWriter:
+        return SessionWriter(backend=self.backend, session=session, nursery=self._nursery, delay=self._delay, **kwargs)
 
     def _on_created(self, handle: SessionHandle) -> None:
         self._writer_for(handle)  # raises (vetoes) on an identity conflict

@@ -36,6 +36,15 @@ LOCKFILE: Final = "writer.lock"
 _SAFE: Final = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-")
 
 
+def _escape(ch: str, out: list[str]) -> None:
+    if ch in _SAFE:
+        out.append(ch)
+        return
+    units = ch.encode("utf-16-be")  # one ~XXXX per UTF-16 code unit, like the reference
+    for i in range(0, len(units), 2):
+        out.append(f"~{units[i]:02X}{units[i + 1]:02X}")
+
+
 def encode_segment(value: str) -> str:
     """Injective path segment: ``[A-Za-z0-9._-]`` literal, every other UTF-16 unit
     (``~`` included) as ``~XXXX``; ``.`` and ``..`` encoded whole."""
@@ -45,14 +54,9 @@ def encode_segment(value: str) -> str:
         return "~002E"
     if value == "..":
         return "~002E~002E"
-    out = []
+    out: list[str] = []
     for ch in value:
-        if ch in _SAFE:
-            out.append(ch)
-        else:
-            units = ch.encode("utf-16-be")
-            for i in range(0, len(units), 2):
-                out.append(f"~{units[i]:02X}{units[i + 1]:02X}")
+        _escape(ch, out)
     return "".join(out)
 
 
@@ -69,12 +73,7 @@ def project_key(cwd: str) -> str:
             in_sep = True
             continue
         in_sep = False
-        if ch in _SAFE:
-            out.append(ch)
-        else:
-            units = ch.encode("utf-16-be")
-            for i in range(0, len(units), 2):
-                out.append(f"~{units[i]:02X}{units[i + 1]:02X}")
+        _escape(ch, out)
     slug = "".join(out).lstrip("-") or "root"
     return f"--{slug[:251]}--"
 

@@ -324,8 +324,30 @@ def _unwrap_other(other: object) -> tuple[bool, Any]:
     return False, None
 
 
+class _ReadOnlyView:
+    """What both views share: no attribute writes, no hashing, pickling via thaw."""
+
+    __slots__ = ()
+    _raw: Any
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"{type(self).__name__} is immutable")
+
+    def __delattr__(self, name: str) -> None:
+        raise AttributeError(f"{type(self).__name__} is immutable")
+
+    def __len__(self) -> int:
+        return len(self._raw)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({thaw(self)!r})"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (thaw(self),))
+
+
 @final
-class FrozenDict(Mapping[str, "JsonValue"]):
+class FrozenDict(_ReadOnlyView, Mapping[str, "JsonValue"]):
     """A read-only view of a JSON object. Mutation attempts raise ``TypeError``.
 
     Equal to another ``FrozenDict`` or a plain ``dict`` with the same content.
@@ -345,12 +367,6 @@ class FrozenDict(Mapping[str, "JsonValue"]):
         object.__setattr__(self, "_raw", raw)
         return self
 
-    def __setattr__(self, name: str, value: object) -> None:
-        raise AttributeError("FrozenDict is immutable")
-
-    def __delattr__(self, name: str) -> None:
-        raise AttributeError("FrozenDict is immutable")
-
     def __getitem__(self, key: str) -> JsonValue:
         v = self._raw[key]
         t = type(v)
@@ -366,9 +382,6 @@ class FrozenDict(Mapping[str, "JsonValue"]):
     def __iter__(self) -> Iterator[str]:
         return iter(self._raw)
 
-    def __len__(self) -> int:
-        return len(self._raw)
-
     def __eq__(self, other: object) -> bool:
         ok, raw = _unwrap_other(other)
         if not ok:
@@ -377,15 +390,10 @@ class FrozenDict(Mapping[str, "JsonValue"]):
 
     __hash__ = None  # type: ignore[assignment]
 
-    def __repr__(self) -> str:
-        return f"FrozenDict({thaw(self)!r})"
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (FrozenDict, (thaw(self),))
 
 
 @final
-class FrozenList(Sequence["JsonValue"]):
+class FrozenList(_ReadOnlyView, Sequence["JsonValue"]):
     """A read-only view of a JSON array. Mutation attempts raise ``TypeError``."""
 
     __slots__ = ("_raw",)
@@ -400,12 +408,6 @@ class FrozenList(Sequence["JsonValue"]):
         self = object.__new__(cls)
         object.__setattr__(self, "_raw", raw)
         return self
-
-    def __setattr__(self, name: str, value: object) -> None:
-        raise AttributeError("FrozenList is immutable")
-
-    def __delattr__(self, name: str) -> None:
-        raise AttributeError("FrozenList is immutable")
 
     @overload
     def __getitem__(self, index: int) -> JsonValue: ...
@@ -432,9 +434,6 @@ class FrozenList(Sequence["JsonValue"]):
             else:
                 yield v
 
-    def __len__(self) -> int:
-        return len(self._raw)
-
     def __eq__(self, other: object) -> bool:
         ok, raw = _unwrap_other(other)
         if not ok:
@@ -443,8 +442,3 @@ class FrozenList(Sequence["JsonValue"]):
 
     __hash__ = None  # type: ignore[assignment]
 
-    def __repr__(self) -> str:
-        return f"FrozenList({thaw(self)!r})"
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (FrozenList, (thaw(self),))
