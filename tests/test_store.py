@@ -157,6 +157,15 @@ async def test_pre_commit_hook_vetoes_whole_batch() -> None:
         await s.append("ok", 1)
         assert s.seq == 1
 
+        def plain_veto(h: SessionHandle, events: tuple[Any, ...]) -> None:
+            if any(e.type == "nope" for e in events):
+                raise ValueError("any exception type vetoes")
+
+        store.add_pre_commit_hook(plain_veto)
+        with pytest.raises(ValueError):
+            await s.append("nope", 1)
+        assert s.alive and (await s.append("ok", 2)).seq == 1  # a veto is not a crash
+
 
 async def test_flush_runs_listeners_and_reports_first_failure() -> None:
     async with open_store() as store:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from actors import Actor
+from actors import Actor, Rejected
 from harness.errors import (
     HarnessError,
     InvalidBoundaryError,
@@ -74,7 +74,11 @@ class SessionActor(Actor[Any]):
     def _append(self, drafts: tuple[Any, ...]) -> tuple[Event, ...]:
         plan = self.session.plan(drafts)
         for hook in list(self.listeners.pre_commit):
-            hook(self.session_handle, plan.events)  # a raise vetoes: nothing is committed
+            try:
+                hook(self.session_handle, plan.events)
+            except Exception as exc:
+                # A veto is an answer (nothing is committed), not a session-actor bug.
+                raise Rejected(exc) from None
         events = self.session.commit(plan)
         # Published once entered (the reference publishes for every attached session).
         self.listeners.emit_event(self.session_handle, events)
