@@ -179,6 +179,22 @@ async def test_checkpoint_policy_flushes_at_each_point(tmp_path: Path) -> None:
         assert policy.flushes == 3
 
 
+async def test_list_and_delete(tmp_path: Path) -> None:
+    backend = JsonlBackend(tmp_path)
+    async with open_store() as store, open_persistence(store, backend) as p:
+        a = await store.create("a", cwd="/x")
+        await a.append("feedback/record", {"text": "hi"})
+        await a.flush()
+        assert [h["id"] for h in await p.list()] == ["a"]
+        with pytest.raises(SessionLiveError):
+            await p.delete("a")
+        await store.detach(a)
+        await p.delete("a")
+        assert await p.list() == []
+        with pytest.raises(PersistedSessionNotFoundError):
+            await p.load("a")
+
+
 async def test_disposing_a_preparation_releases_the_lock(tmp_path: Path) -> None:
     backend = JsonlBackend(tmp_path)
     async with open_store() as store, open_persistence(store, backend) as p:

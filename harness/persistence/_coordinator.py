@@ -273,6 +273,25 @@ class Persistence:
 
         return await trio.to_thread.run_sync(work)
 
+    async def delete(self, session_id: str) -> None:
+        """Delete a stored session. Refused (:class:`SessionLiveError`) while it is live
+        or prepared here; waits for a pending retirement first. Another process
+        writing it makes the backend's lock check fail with :class:`SessionLockedError`.
+        """
+        await self._wait_retired(session_id)
+        if await self.store.get(session_id) is not None or session_id in self._reserved:
+            raise SessionLiveError(f'cannot delete session "{session_id}" while it is live', session_id=session_id)
+
+        def work() -> None:
+            stored = self.backend.load(session_id)
+            lease = self.backend.acquire_writer(stored.header)
+            try:
+                self.backend.delete(session_id)
+            finally:
+                lease.release()
+
+        await trio.to_thread.run_sync(work)
+
     async def list(self) -> list[dict[str, Any]]:
         """Stored session headers (records with camelCase keys)."""
         return await trio.to_thread.run_sync(self.backend.list_headers)
