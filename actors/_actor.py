@@ -51,10 +51,15 @@ class Actor(Generic[M]):
     name: str = "actor"
 
     async def handle(self, message: M) -> Any:
+        """Handle one message; runs in the actor task. Cancelled only when the runtime is
+        cancelled (a caller's cancellation never interrupts a taken message)."""
         raise NotImplementedError
 
     async def on_stop(self) -> None:
-        """Called once, after the mailbox is drained, when the actor stops normally."""
+        """Called once, after the mailbox is drained, when the actor stops normally.
+
+        Runs in a shielded scope: it completes even if the runtime is cancelled meanwhile.
+        """
 
 
 @final
@@ -85,6 +90,9 @@ class ActorRef(Generic[M]):
         Backpressure: waits while the mailbox is full. Raises
         :class:`ActorStoppedError` if the actor no longer accepts messages and
         :class:`ActorCrashedError` if it crashed.
+
+        Cancellation: before the actor takes the message it is withdrawn (never
+        applied); after, the caller gets ``Cancelled`` and the message is still applied.
         """
         env = _Envelope(message, reply=True)
         await self._enqueue(env)
@@ -99,7 +107,10 @@ class ActorRef(Generic[M]):
         return env.result.unwrap()
 
     async def cast(self, message: M) -> None:
-        """Send ``message`` without waiting for it to be handled (waits for space only)."""
+        """Send ``message`` without waiting for it to be handled (waits for space only).
+
+        Cancellation while waiting for space: the message is not sent.
+        """
         await self._enqueue(_Envelope(message, reply=False))
 
     def cast_nowait(self, message: M) -> None:

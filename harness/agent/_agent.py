@@ -125,7 +125,10 @@ class Agent:
         self._scope.cancel()
 
     async def wait_idle(self) -> None:
-        """Return once no turn is running (always settles)."""
+        """Return once no turn is running (always settles).
+
+        Cancellation: only the wait is cancelled; the turn goes on.
+        """
         await self._idle.wait()
 
     # -- a turn ------------------------------------------------------------------------

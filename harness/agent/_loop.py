@@ -58,6 +58,7 @@ class AgentHandle:
         return self._disposed.is_set()
 
     async def run_turn(self, text: str) -> Any:
+        """``agent.run_turn`` (see :meth:`Agent.run_turn` for the cancellation contract)."""
         return await self.agent.run_turn(text)
 
     async def dispose(self) -> None:
@@ -278,7 +279,10 @@ class AgentLoop:
                         await handle.dispose()
 
     async def aclose(self) -> None:
-        """Stop accepting, close the teardown lifetime, dispose every live agent."""
+        """Stop accepting, close the teardown lifetime, dispose every live agent.
+
+        Shielded: it completes even if the caller is cancelled. Idempotent.
+        """
         self.teardown.close("agent loop is not active")
         with trio.CancelScope(shield=True):
             async with trio.open_nursery() as nursery:
@@ -329,6 +333,8 @@ async def open_agent_loop(
     Leaving closes the teardown lifetime (pending resumes end with
     :class:`LifetimeClosedError`), disposes every live agent, and waits for every
     preparation still running in the loop's nursery (a late one is disposed).
+
+    Cancellation of the block cancels the loop's tasks; disposal still runs shielded.
     """
     async with trio.open_nursery() as nursery:
         loop = AgentLoop(

@@ -95,6 +95,8 @@ class ScriptedProvider:
         self._script.extend(list(r) for r in replies)
 
     async def stream(self, request: ModelRequest) -> AsyncIterator[StreamChunk]:
+        """Serve the next scripted reply. Cancellation propagates at every delta (each is
+        a checkpoint); the reply is consumed even if the stream is cut."""
         self.requests.append(request)
         if not self._script:
             raise ScriptExhaustedError(f"scripted provider has no reply left for request {len(self.requests)}")

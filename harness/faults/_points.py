@@ -24,6 +24,7 @@ class FaultPoints:
         self._actions[name] = action
 
     async def point(self, name: str) -> None:
+        """Run the registered action, then checkpoint (cancellable: that is the point)."""
         self.visited.append(name)
         action = self._actions.pop(name, None)
         if action is not None:

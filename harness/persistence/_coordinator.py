@@ -263,7 +263,11 @@ class Persistence:
         """Read a stored session without taking its lock or changing storage (for
         inspection, also while another process writes it). Repair closers are
         included in memory but not written. Waits first for a detached session's
-        final write (its retirement) to finish."""
+        final write (its retirement) to finish.
+
+        Cancellation: the read runs on a worker thread and is not abandoned; the
+        caller gets ``Cancelled`` after it returns (nothing is held).
+        """
         await self._wait_retired(session_id)
 
         def work() -> Session:
@@ -277,6 +281,8 @@ class Persistence:
         """Delete a stored session. Refused (:class:`SessionLiveError`) while it is live
         or prepared here; waits for a pending retirement first. Another process
         writing it makes the backend's lock check fail with :class:`SessionLockedError`.
+
+        Cancellation: the deletion is not abandoned once started (worker thread).
         """
         await self._wait_retired(session_id)
         if await self.store.get(session_id) is not None or session_id in self._reserved:
@@ -293,12 +299,19 @@ class Persistence:
         await trio.to_thread.run_sync(work)
 
     async def list(self) -> list[dict[str, Any]]:
-        """Stored session headers (records with camelCase keys)."""
+        """Stored session headers (records with camelCase keys).
+
+        Cancellation: the listing runs on a worker thread; its result is dropped.
+        """
         return await trio.to_thread.run_sync(self.backend.list_headers)
 
     async def publish(self, prep: SessionPreparation) -> SessionHandle:
         """Enter and announce a preparation in the store. On failure the store is left
-        as it was and the preparation is disposed."""
+        as it was and the preparation is disposed.
+
+        Cancellation: any step may be cancelled; the unwinding (detach, dispose) is
+        shielded, so a cancelled caller leaves nothing half-published.
+        """
         try:
             prepared = await self.store.adopt(prep.session)
             handle = await self.store.enter(prepared)
@@ -315,7 +328,10 @@ class Persistence:
         return handle
 
     async def aclose(self) -> None:
-        """Flush and retire every writer; raise the first failure after trying all."""
+        """Flush and retire every writer; raise the first failure after trying all.
+
+        Shielded by :func:`open_persistence`; idempotent per writer.
+        """
         for f in self._unsubscribe:
             f()
         errors: list[BaseException] = []
@@ -352,6 +368,8 @@ async def open_persistence(store: Store, backend: Backend, *, write_delay: float
     Open it inside the store's block. Leaving flushes and retires every writer (the
     store's own exit then detaches sessions with nothing left to write); if a final
     flush fails, :class:`PersistenceError` is raised after everything was tried.
+
+    Cancellation of the block still flushes and retires writers (shielded).
     """
     failure: BaseException | None = None
     async with trio.open_nursery() as nursery:

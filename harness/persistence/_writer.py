@@ -167,7 +167,10 @@ class SessionWriter:
 
     async def retire(self) -> None:
         """Flush, then release the writer lock. The lock is released even if the final
-        flush fails (the error propagates after)."""
+        flush fails (the error propagates after).
+
+        Cancellation: as :meth:`flush`; the lock release is shielded.
+        """
         try:
             await self.flush()
         finally:

@@ -131,7 +131,10 @@ class SessionHandle:
         return await self._call(Append(tuple(drafts)))  # type: ignore[no-any-return]
 
     async def derive_messages(self) -> MessageList:
-        """The model-visible messages (a read through the actor, ordered with writes)."""
+        """The model-visible messages (a read through the actor, ordered with writes).
+
+        Cancellation: the actor kernel's contract (withdrawn before it is taken).
+        """
         return await self._call(Derive())  # type: ignore[no-any-return]
 
     async def commit_replace(
@@ -153,15 +156,24 @@ class SessionHandle:
         return await self._call(CommitReplace(tuple(expected_surface), draft))  # type: ignore[no-any-return]
 
     async def barrier(self) -> None:
-        """Return once every message sent to this session before the call is handled."""
+        """Return once every message sent to this session before the call is handled.
+
+        Cancellation: only the wait is cancelled.
+        """
         await self._call(Barrier())
 
     async def flush(self) -> bool:
-        """``store.flush(self)``: a durability barrier through the flush listeners."""
+        """``store.flush(self)``: a durability barrier through the flush listeners.
+
+        Cancellation: see :meth:`Store.flush`.
+        """
         return await self._store.flush(self)
 
     async def fork(self, boundary: int | None = None, child_id: str | None = None) -> SessionHandle:
-        """``store.fork(self, boundary, child_id)``."""
+        """``store.fork(self, boundary, child_id)``.
+
+        Cancellation: see :meth:`Store.fork`.
+        """
         return await self._store.fork(self, boundary, child_id)
 
     def __repr__(self) -> str:

@@ -302,6 +302,9 @@ class Store:
         ``delegation_depth``, ``agent_preset``, ``created_at``. Without an id one is
         minted (``session-<n>``). If a ``created`` listener vetoes, the session is
         detached (``disposed`` is emitted) and the error propagates.
+
+        Cancellation: withdrawn if the store actor has not taken it; else the session
+        is created (and live) while the caller gets ``Cancelled``.
         """
         _check_meta(meta)
         return await self._call(Create(session_id, seed, meta))  # type: ignore[no-any-return]
@@ -309,20 +312,32 @@ class Store:
     async def prepare(
         self, session_id: str | None = None, *, seed: Sequence[Any] | None = None, **meta: Any
     ) -> PreparedSession:
-        """Build an unpublished session (not entered, nothing emitted)."""
+        """Build an unpublished session (not entered, nothing emitted).
+
+        Cancellation: the actor kernel's contract; an unwanted preparation is garbage.
+        """
         _check_meta(meta)
         return await self._call(Prepare(session_id, seed, meta))  # type: ignore[no-any-return]
 
     async def adopt(self, session: Session) -> PreparedSession:
-        """Wrap an already-built session (e.g. restored from disk) as a preparation."""
+        """Wrap an already-built session (e.g. restored from disk) as a preparation.
+
+        Cancellation: the actor kernel's contract.
+        """
         return await self._call(Adopt(session))  # type: ignore[no-any-return]
 
     async def enter(self, prepared: PreparedSession) -> SessionHandle:
-        """Make a prepared session live (not yet announced)."""
+        """Make a prepared session live (not yet announced).
+
+        Cancellation: withdrawn before it is taken; after, the session is live.
+        """
         return await self._call(Enter(prepared))  # type: ignore[no-any-return]
 
     async def announce(self, handle: SessionHandle) -> None:
-        """Emit ``created`` for an entered session; a listener's raise propagates."""
+        """Emit ``created`` for an entered session; a listener's raise propagates.
+
+        Cancellation: withdrawn before it is taken; after, listeners have run.
+        """
         await self._call(Announce(handle))
 
     async def detach(self, handle: SessionHandle) -> None:
@@ -332,10 +347,14 @@ class Store:
         await self._call(Detach(handle))
 
     async def get(self, session_id: str) -> SessionHandle | None:
+        """The live handle for ``session_id``, or ``None``. Cancellation: only the wait."""
         return await self._call(Get(session_id))  # type: ignore[no-any-return]
 
     async def list(self) -> list[SessionHandle]:
-        """Live sessions in enter order (a fresh list)."""
+        """Live sessions in enter order (a fresh list).
+
+        Cancellation: only the wait.
+        """
         return await self._call(List())  # type: ignore[no-any-return]
 
     async def fork(
@@ -348,6 +367,9 @@ class Store:
         boundary (``INVALID_BOUNDARY``); prefix ends in an open turn (``OPEN_TURN``).
         The child shares the prefix's event objects (no copy), gets its own
         ``session/end-seed``, and its header names the parent and the seed length.
+
+        Cancellation: withdrawn before the store takes it; after, the child is created
+        (and live) while the caller gets ``Cancelled``.
         """
         return await self._call(Fork(source, boundary, child_id))  # type: ignore[no-any-return]
 
