@@ -1,0 +1,58 @@
+"""The public surface is what we intend, and the layering holds."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+PUBLIC = {
+    "actors": {"Actor", "ActorRef", "ActorRuntime", "ActorError", "ActorStoppedError", "ActorCrashedError", "LifetimeClosedError", "Lifetime", "Owner", "Rejected", "Supervisor", "run_abandonable"},
+    "harness.runtime": {"open_store", "Store", "StoreActor", "SessionActor", "SessionHandle", "PreparedSession", "Listeners", "check_fork_boundary"},
+    "harness.persistence": {"Backend", "CheckpointPolicy", "JsonlBackend", "OsFiles", "Persistence", "SessionPreparation", "SqliteBackend", "StoredLog", "WriterLease", "build_session", "encode_segment", "header_record", "open_persistence", "project_key"},
+    "harness.faults": {"FailingFiles", "FaultPoints"},
+}
+
+
+@pytest.mark.parametrize("module", sorted(PUBLIC))
+def test_exported_surface(module: str) -> None:
+    mod = importlib.import_module(module)
+    assert set(mod.__all__) == PUBLIC[module]
+    for name in mod.__all__:
+        assert hasattr(mod, name), name
+
+
+@pytest.mark.parametrize("module", ["harness.session", "harness.agent", "harness.errors"])
+def test_every_exported_name_exists(module: str) -> None:
+    mod = importlib.import_module(module)
+    for name in mod.__all__:
+        assert hasattr(mod, name), name
+
+
+def test_every_error_has_a_stable_code() -> None:
+    from harness import errors
+
+    for name in errors.__all__:
+        cls = getattr(errors, name)
+        assert issubclass(cls, errors.HarnessError)
+        assert isinstance(cls.code, str) and cls.code.isupper(), name
+
+
+def test_actors_never_import_harness() -> None:
+    for path in (REPO / "actors").rglob("*.py"):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                assert not any(a.name.split(".")[0] == "harness" for a in node.names), path
+            if isinstance(node, ast.ImportFrom):
+                assert (node.module or "").split(".")[0] != "harness", path
+
+
+def test_the_session_core_has_no_trio() -> None:
+    for path in (REPO / "harness" / "session").rglob("*.py"):
+        text = path.read_text()
+        assert "import trio" not in text and "from trio" not in text, path
