@@ -125,25 +125,11 @@ class AppendPlan:
 
 
 _LEGACY_DELTA: Final = "request/header-delta"
-_FAST_KEYS: Final = frozenset({"type", "seq", "time", "data", "surfaceOp"})
-
-
-def _wrap_dict(raw: dict[str, Any]) -> FrozenDict:
-    fd = _new(FrozenDict)
-    _set_raw(fd, raw)
-    return fd
-
-
-_new = object.__new__
-_set_raw = FrozenDict._raw.__set__  # type: ignore[attr-defined]
-
-
-def _nonempty(v: object) -> bool:
-    return type(v) is str and v != ""
-
-
 def _message_ok(t: str, data: dict[str, Any]) -> bool:
-    """Allocation-free yes for a well-formed message (False: let the slow path decide)."""
+    """Allocation-free yes for a well-formed message (False: let the slow path decide).
+
+    A non-empty ``str`` is truthy, so ``type(x) is str and x`` checks both at once.
+    """
     m: Any
     if t == USER_MESSAGE:
         m = data
@@ -154,19 +140,17 @@ def _message_ok(t: str, data: dict[str, Any]) -> bool:
             return False
         role = "assistant" if t == ASSISTANT_MESSAGE else "user"
     src = m.get("source")
-    if (
-        m.get("role") != role
-        or not _nonempty(m.get("id"))
-        or type(src) is not dict
-        or not _nonempty(src.get("kind"))
-        or type(m.get("content")) is not list
-    ):
+    mid = m.get("id")
+    if m.get("role") != role or type(mid) is not str or not mid or type(src) is not dict or type(m.get("content")) is not list:
+        return False
+    kind = src.get("kind")
+    if type(kind) is not str or not kind:
         return False
     if t == ASSISTANT_MESSAGE:
-        return src["kind"] == "model" and _nonempty(src.get("provider")) and _nonempty(src.get("model"))
+        provider, model = src.get("provider"), src.get("model")
+        return kind == "model" and type(provider) is str and bool(provider) and type(model) is str and bool(model)
     # tool/result is rare on this path: the full check handles it.
     return t == USER_MESSAGE
-
 
 
 def _label(type_: str) -> str:
@@ -358,51 +342,47 @@ class Session:
         # The hot loop of W4. Records of the common shapes (log-only events without
         # metadata, plain surface appends of well-formed messages) are checked and
         # adopted inline; anything else, valid or not, takes the general path, which
-        # also produces the exact error.
+        # also produces the exact error. Exact key sets are checked by length: the
+        # four required keys are read, so 4 keys (or 5 with surfaceOp) means no others.
         events = self._events
         push = events.append
         surface = self._surface
         nodes = surface.nodes
-        fast_keys = _FAST_KEYS
         message_types = MESSAGE_TYPES
         safe = SAFE_INT_MAX
+        message_ok = _message_ok
         if self._validator is not None:
             for i, rec in enumerate(records):
                 self._seed_record(i, rec)
             return
         for i, rec in enumerate(records):
             pos = surface._pos
-            if (
-                type(rec) is not dict
-                or not rec.keys() <= fast_keys
-                or pos is None
-            ):
+            if type(rec) is not dict or pos is None:
                 self._seed_record(i, rec)
                 continue
             t = rec.get("type")
             seq = rec.get("seq")
             tm = rec.get("time")
-            data = rec.get("data", _MISSING)
+            data = rec.get("data")
             if (
-                type(t) is not str
+                type(data) is not dict
                 or type(seq) is not int
                 or seq != i
                 or type(tm) is not int
                 or not -safe <= tm <= safe
-                or type(data) is not dict
-                or t == "request/header"
+                or type(t) is not str
             ):
                 self._seed_record(i, rec)
                 continue
-            op = rec.get("surfaceOp", _MISSING)
+            n = len(rec)
             if t in message_types:
-                if op != APPEND or type(op) is not str or not _message_ok(t, data):
+                if n != 5 or rec.get("surfaceOp") != APPEND or not message_ok(t, data):
                     self._seed_record(i, rec)
                     continue
                 pos[i] = len(nodes)
                 nodes.append(i)
                 push(Event(t, i, tm, data, APPEND, None, False))
-            elif op is _MISSING and t != _LEGACY_DELTA:
+            elif n == 4 and t != "request/header" and t != _LEGACY_DELTA:
                 if t in _NOTED:
                     self._note_type(t, i)
                 push(Event(t, i, tm, data, None, None, False))
