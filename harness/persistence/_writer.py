@@ -4,16 +4,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import trio
 
 from harness.errors import FlushError, HarnessError
 from harness.persistence._backend import Backend, WriterLease
 from harness.session import Event, Session, event_to_record
-
-if TYPE_CHECKING:
-    pass
 
 log = logging.getLogger("harness.persistence")
 

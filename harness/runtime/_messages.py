@@ -103,7 +103,7 @@ class Get:
 
 @attrs.frozen
 class List:
-    pass
+    """Return the live sessions' handles, in enter order."""
 
 
 @attrs.frozen
