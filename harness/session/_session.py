@@ -628,7 +628,9 @@ class Session:
         raw_src: Any = _MISSING
         op = d.surface_op
         if op is not None:
-            if isinstance(op, ReplaceOp):
+            if op == APPEND and type(op) is str:
+                raw_op = APPEND  # the common case: a literal needs no snapshot
+            elif isinstance(op, ReplaceOp):
                 raw_op = op.to_raw()
             else:
                 ok, raw_op = try_snapshot_raw(op)
