@@ -15,7 +15,7 @@ from actors._errors import (
     LifetimeClosedError,
     Rejected,
 )
-from actors._lifetimes import Lifetime, Owner, run_abandonable
+from actors._lifetimes import Lifetime, Owner, bind_all, run_abandonable
 from actors._runtime import ActorRuntime, Supervisor
 
 __all__ = [
@@ -30,5 +30,6 @@ __all__ = [
     "Owner",
     "Rejected",
     "Supervisor",
+    "bind_all",
     "run_abandonable",
 ]

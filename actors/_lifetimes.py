@@ -142,7 +142,7 @@ async def run_abandonable(
         slot.done.set()
 
     nursery.start_soon(child, name=f"abandonable:{name}")
-    with trio.CancelScope() as scope, _bind_all(lifetimes, scope):
+    with trio.CancelScope() as scope, bind_all(lifetimes, scope):
         try:
             await slot.done.wait()
         except BaseException:
@@ -183,12 +183,13 @@ async def _dispose_shielded(dispose: Callable[[T], Awaitable[None]], value: T) -
 
 
 @contextmanager
-def _bind_all(lifetimes: Sequence[Lifetime], scope: trio.CancelScope) -> Any:
+def bind_all(lifetimes: Sequence[Lifetime], scope: trio.CancelScope) -> Any:
+    """While the block runs, closing any of ``lifetimes`` cancels ``scope``."""
     if not lifetimes:
         yield
         return
     first, *rest = lifetimes
-    with first.bind(scope), _bind_all(rest, scope):
+    with first.bind(scope), bind_all(rest, scope):
         yield
 
 

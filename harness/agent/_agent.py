@@ -244,7 +244,7 @@ class Agent:
         specs = self.tools.specs
         if specs:
             header["tools"] = [{"name": t.name, "description": t.description, "parameters": t.parameters} for t in specs]
-        previous = s._entry.session.request_header()
+        previous = s.request_header()
         first = self._requests == 0
         self._requests += 1
         drafts = []
@@ -256,7 +256,7 @@ class Agent:
         context = {"provider": self.provider.name, "model": self.provider.model}
         if self.provider.context_window is not None:
             context["contextWindow"] = self.provider.context_window  # type: ignore[assignment]
-        last = s._entry.session.request_context()
+        last = s.request_context()
         if last is None or thaw(last) != context:
             drafts.append(EventDraft("request/context", context))
         if drafts:

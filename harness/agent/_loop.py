@@ -11,7 +11,7 @@ from typing import Any, final
 
 import trio
 
-from actors import Lifetime, LifetimeClosedError, Owner, run_abandonable
+from actors import Lifetime, LifetimeClosedError, Owner, bind_all, run_abandonable
 from harness.agent._agent import Agent
 from harness.agent._provider import ModelProvider
 from harness.agent._tools import ToolSet
@@ -211,7 +211,7 @@ class AgentLoop:
             self._nursery, counted_prepare, dispose=dispose_prep, lifetimes=lifetimes, name=f"prepare {name}"
         )
         try:
-            with trio.CancelScope() as scope, _bound(lifetimes, scope):
+            with trio.CancelScope() as scope, bind_all(lifetimes, scope):
                 await self.faults.point("open.prepared")
                 if setup is not None:
                     await setup(prep.session)
@@ -300,21 +300,6 @@ class _FreshPreparation:
 
     async def dispose(self) -> None:
         self.disposed = True
-
-
-class _bound:
-    """Bind a cancel scope to several lifetimes (closing any cancels the scope)."""
-
-    def __init__(self, lifetimes: list[Lifetime], scope: trio.CancelScope) -> None:
-        self._cms = [lt.bind(scope) for lt in lifetimes]
-
-    def __enter__(self) -> None:
-        for cm in self._cms:
-            cm.__enter__()
-
-    def __exit__(self, *exc: object) -> None:
-        for cm in reversed(self._cms):
-            cm.__exit__(None, None, None)
 
 
 @asynccontextmanager

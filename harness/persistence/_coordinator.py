@@ -144,9 +144,7 @@ class Persistence:
         self._writer_for(handle).enqueue(event)
 
     async def _on_flush(self, handle: SessionHandle) -> None:
-        writer = self._writers.get(handle.id)
-        if writer is None or writer.session is not handle._entry.session:
-            writer = self._writer_for(handle)
+        writer = self._writer_for(handle)
         writer.catch_up()
         await writer.flush()
 

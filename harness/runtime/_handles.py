@@ -12,6 +12,8 @@ from harness.session import (
     Event,
     EventDraft,
     EventLog,
+    FrozenDict,
+    JsonValue,
     MessageList,
     ReplaceOp,
     Session,
@@ -100,6 +102,14 @@ class SessionHandle:
     @property
     def first_live_seq(self) -> int:
         return self._entry.session.first_live_seq
+
+    def request_header(self) -> FrozenDict | None:
+        """The latest canonical ``request/header`` (no actor round trip)."""
+        return self._entry.session.request_header()
+
+    def request_context(self) -> JsonValue:
+        """The latest ``request/context`` data (no actor round trip)."""
+        return self._entry.session.request_context()
 
     def surface(self) -> tuple[int, ...]:
         """The current surface nodes, detached."""

@@ -64,29 +64,24 @@ _META_KEYS = {
 class PreparedSession:
     """An unpublished session owned by the caller until it is entered.
 
-    ``release`` (optional) runs once when the preparation is disposed without being
-    published — persistence uses it to free what it reserved.
+    (Persistence's :class:`~harness.persistence.SessionPreparation` is the one that
+    holds resources; this one holds only the session.)
     """
 
-    __slots__ = ("_release", "disposed", "entered", "session")
+    __slots__ = ("disposed", "entered", "session")
 
-    def __init__(self, session: Session, release: Callable[[], None] | None = None) -> None:
+    def __init__(self, session: Session) -> None:
         self.session = session
         self.entered = False
         self.disposed = False
-        self._release = release
 
     @property
     def id(self) -> str:
         return self.session.id
 
     def dispose(self) -> None:
-        """Idempotent; calls ``release`` at most once, and never after publication."""
-        if self.disposed:
-            return
+        """Idempotent: a disposed preparation can no longer be entered."""
         self.disposed = True
-        if self._release is not None and not self.entered:
-            self._release()
 
 
 class StoreActor(Actor[Any]):

@@ -57,7 +57,8 @@ class SnapshotView(Sequence[T], Generic[T]):
     def __getitem__(self, i: int | slice) -> T | tuple[T, ...]:
         n = self._n
         if isinstance(i, slice):
-            return tuple(self._items[:n][i])
+            start, stop, step = i.indices(n)  # clamp to the view, then one copy
+            return tuple(self._items[start:stop:step])
         if i < 0:
             i += n
         if not 0 <= i < n:

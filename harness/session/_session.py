@@ -282,11 +282,8 @@ class Session:
         the two would make the first allocation of the restore pay for a collection
         over every freshly decoded object.
         """
-        loads = orjson.loads
         with gc_paused():
-            return cls.restore(
-                session_id, [loads(line) for line in lines], header, clock=clock, validator=validator
-            )
+            return cls.restore(session_id, decode_records(lines), header, clock=clock, validator=validator)
 
     @classmethod
     def fork_of(
