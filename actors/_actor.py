@@ -172,26 +172,13 @@ async def run_actor(
                 continue
             env.state = _State.TAKEN
             current = env
-            try:
-                result = await actor.handle(env.message)
-            except Rejected as carrier:
-                _finish(env, outcome.Error(carrier.error))
-                if not env.reply:
-                    log.warning("actor %r: cast %r rejected: %r", actor.name, env.message, carrier.error)
-            except actor.rejections as exc:
-                _finish(env, outcome.Error(exc))
-                if not env.reply:
-                    log.warning("actor %r: cast %r rejected: %r", actor.name, env.message, exc)
-            except trio.Cancelled:
-                raise
-            except Exception as exc:
-                cell.crash = exc
-                _finish(env, outcome.Error(exc))
-                on_crash(actor.name, exc)
-                return
-            else:
-                _finish(env, outcome.Value(result))
+            crashed = not await _serve(actor, env, cell, on_crash)
+            # An idle actor must not keep its last message (and all it references)
+            # alive until the next one arrives.
             current = None
+            del env
+            if crashed:
+                return
         with trio.CancelScope(shield=True):
             # Shielded and local: a normal stop always runs the actor's shutdown,
             # even if the runtime is being cancelled meanwhile.
@@ -214,6 +201,32 @@ async def run_actor(
                 _finish(env, outcome.Error(failure))
         receive.close()
         cell.stopped.set()
+
+
+async def _serve(
+    actor: Actor[Any], env: _Envelope, cell: _Cell, on_crash: Callable[[str, BaseException], None]
+) -> bool:
+    """Handle one taken envelope and answer it; False if the actor crashed."""
+    try:
+        result = await actor.handle(env.message)
+    except Rejected as carrier:
+        _finish(env, outcome.Error(carrier.error))
+        if not env.reply:
+            log.warning("actor %r: cast %r rejected: %r", actor.name, env.message, carrier.error)
+    except actor.rejections as exc:
+        _finish(env, outcome.Error(exc))
+        if not env.reply:
+            log.warning("actor %r: cast %r rejected: %r", actor.name, env.message, exc)
+    except trio.Cancelled:
+        raise
+    except Exception as exc:
+        cell.crash = exc
+        _finish(env, outcome.Error(exc))
+        on_crash(actor.name, exc)
+        return False
+    else:
+        _finish(env, outcome.Value(result))
+    return True
 
 
 def _finish(env: _Envelope, result: outcome.Outcome[Any]) -> None:

@@ -115,7 +115,8 @@ async def _store_steps(store: Store, persistence: Persistence) -> None:
         child = await store.fork(chat, boundary=13, child_id="chat-branch")
         print(
             f"  forked {child.id!r} at seq 13: parent={child.header.parent_session!r}, "
-            f"seed_length={child.header.seed_length}, events shared: {child.events[0] is chat.events[0]}"
+            f"seed_length={child.header.seed_length}, "
+            f"prefix equal to the parent's: {list(child.events)[:14] == list(chat.events)[:14]}"
         )
         await child.append("user/message", _user("branch-1", "a question only the branch sees"), surface_op="append")
         print(f"  parent has {chat.seq} events, child has {child.seq}; the parent is untouched")

@@ -98,7 +98,7 @@ def test_append_assigns_seq_and_time_and_freezes() -> None:
     assert (ev.seq, ev.time, ev.surface_op) == (0, 42, "append")
     data["id"] = "mutated"
     assert ev.data["id"] == "u1"  # type: ignore[index]
-    assert s.events[0] is ev
+    assert s.events[0] == ev and s.events[0]._data is ev._data  # stored by column, data shared
     with pytest.raises(AttributeError):
         ev.seq = 5  # type: ignore[misc]
 
@@ -352,10 +352,11 @@ def test_restore_and_snapshot_agree() -> None:
     assert [orjson.loads(orjson.dumps(event_to_record(e))) for e in a.events][:7] == seed
 
 
-def test_fork_style_seed_shares_event_objects() -> None:
+def test_event_seed_shares_data_not_copies() -> None:
     parent = tool_session()
     child = Session.create("c", list(parent.events), clock=clock)
-    assert all(c is p for c, p in zip(child.events, parent.events, strict=False))
+    pairs = list(zip(child.events, parent.events, strict=False))
+    assert all(c == p and c._data is p._data for c, p in pairs)
     assert child.seq == parent.seq + 1 and parent.seq == 3
 
 

@@ -215,7 +215,7 @@ async def test_fork_shares_prefix_and_records_lineage() -> None:
         store.on_created(lambda h: created.append(h.id))
         child = await store.fork(parent, 2, "c")
         assert [e.type for e in child.events] == ["turn/start", "user/message", "turn/end", "session/end-seed"]
-        assert all(child.events[i] is parent.events[i] for i in range(3))
+        assert all(child.events[i] == parent.events[i] and child.events[i]._data is parent.events[i]._data for i in range(3))
         h = child.header
         assert (h.parent_session, h.seed_length, h.cwd) == ("p", 3, "/w")
         assert (h.origin, h.delegation_depth, h.agent_preset) == (None, None, None)  # not inherited

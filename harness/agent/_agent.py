@@ -105,8 +105,7 @@ class Agent:
         self._idle.set()
         self._requests = 0
         self.disposed = False
-        events = session.events
-        self._last_turn = max((int(e.data["turn"]) for e in events if e.type == "turn/start"), default=0)  # type: ignore[index, arg-type, call-overload]
+        self._last_turn = session.last_turn()
 
     @property
     def id(self) -> str:

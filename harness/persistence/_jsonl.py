@@ -189,7 +189,8 @@ class JsonlBackend:
                 session_id=session_id,
             )
         size = len(data)
-        lines = data[nl + 1 :].split(b"\n")
+        lines = data.split(b"\n")  # splitting the whole buffer spares a copy of it
+        del lines[0]  # the header line, read above
         fragment = lines.pop()  # after the last newline: b"" or a torn fragment
         with gc_paused():
             records = _fast_scan(lines)
@@ -377,16 +378,20 @@ _BAD: Final[Any] = object()
 
 
 def _fast_scan(lines: list[bytes]) -> list[Any] | None:
-    """The common case, in two tight passes: every line one plain event, seqs 0..n-1.
+    """The common case, in one tight pass: every line one plain event, seqs 0..n-1.
     ``None`` if anything is off (then :func:`_slow_scan` applies the exact rules)."""
     loads = orjson.loads
+    records: list[Any] = []
+    push = records.append
     try:
-        records = [loads(line) for line in lines]
+        # Checked as decoded, while each object is still in cache.
+        for i, line in enumerate(lines):
+            obj = loads(line)
+            if type(obj) is not dict or obj.get("seq") != i or obj.get("type") in ROW_TAGS:
+                return None
+            push(obj)
     except orjson.JSONDecodeError:
         return None
-    for i, obj in enumerate(records):
-        if type(obj) is not dict or obj.get("seq") != i or obj.get("type") in ROW_TAGS:
-            return None
     return records
 
 

@@ -107,6 +107,10 @@ class SessionHandle:
         """The latest canonical ``request/header`` (no actor round trip)."""
         return self._entry.session.request_header()
 
+    def last_turn(self) -> int:
+        """The highest ``turn`` any ``turn/start`` carries (0 if none; no actor round trip)."""
+        return self._entry.session.last_turn()
+
     def request_context(self) -> JsonValue:
         """The latest ``request/context`` data (no actor round trip)."""
         return self._entry.session.request_context()

@@ -17,6 +17,7 @@ from harness.session._events import (
     SurfaceOp,
     event_to_record,
 )
+from harness.session._gc import gc_paused, promote_young
 from harness.session._header import SESSION_FORMAT_VERSION, SessionHeader
 from harness.session._invariants import RelationalInvariants, Trace
 from harness.session._json import (
@@ -38,7 +39,6 @@ from harness.session._session import (
     EventDraft,
     Session,
     decode_records,
-    gc_paused,
     wall_clock_ms,
 )
 from harness.session._surface import Replacement, SurfaceFold, SurfaceNodes, fold_surface
@@ -80,6 +80,7 @@ __all__ = [
     "fold_surface",
     "freeze",
     "gc_paused",
+    "promote_young",
     "header_equals",
     "interrupted_turn_closers",
     "is_json",

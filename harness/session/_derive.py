@@ -7,7 +7,8 @@ from itertools import islice
 from typing import Any, Generic, TypeVar, overload
 
 from harness.session._events import ASSISTANT_MESSAGE, TOOL_RESULT, USER_MESSAGE, Event
-from harness.session._json import ARRAY, FrozenDict
+from harness.session._json import ARRAY, FrozenDict, RawJson
+from harness.session._log import Log
 
 T = TypeVar("T")
 
@@ -19,34 +20,37 @@ def derive_event_message(event: Event) -> FrozenDict | None:
     content is empty; ``tool/result`` -> ``data.message``; anything else -> ``None``.
     The result shares the event's frozen tree.
     """
-    t = event.type
-    data = event.data
+    return _project(event.type, event._data)
+
+
+def _project(t: str, data: RawJson) -> FrozenDict | None:
+    # Over the raw tree: a view is made only for the message returned.
+    if type(data) is not dict:
+        return None
     if t == USER_MESSAGE:
-        return data if type(data) is FrozenDict else None
+        return FrozenDict._wrap(data)
     if t in (ASSISTANT_MESSAGE, TOOL_RESULT):
-        if type(data) is not FrozenDict:
-            return None
         message = data.get("message")
-        if type(message) is not FrozenDict:
+        if type(message) is not dict:
             return None
         if t == ASSISTANT_MESSAGE:
-            content = message._raw.get("content")
+            content = message.get("content")
             if type(content) in ARRAY and not content:
                 return None
-        return message
+        return FrozenDict._wrap(message)
     return None
 
 
 class SnapshotView(Sequence[T], Generic[T]):
-    """An immutable prefix view of an append-only list: O(1) to create, never grows.
+    """An immutable prefix view of an append-only sequence: O(1) to create, never grows.
 
-    The owner only ever appends to the backing list (it starts a new list when it
+    The owner only ever appends to the backing sequence (it starts a new list when it
     must rewrite), so the first ``len`` items a view covers never change.
     """
 
     __slots__ = ("_items", "_n")
 
-    def __init__(self, items: list[T], n: int) -> None:
+    def __init__(self, items: Sequence[T], n: int) -> None:
         self._items = items
         self._n = n
 
@@ -116,7 +120,7 @@ class DeriveCache:
         self._generation = 0
         self._proj: list[Any] = []
 
-    def derive(self, nodes: list[int], generation: int, events: list[Event]) -> MessageList:
+    def derive(self, nodes: list[int], generation: int, events: Log) -> MessageList:
         if generation != self._generation:
             self._messages = []
             self._consumed = 0
@@ -127,10 +131,11 @@ class DeriveCache:
             if len(proj) < len(events):
                 proj.extend([_UNPROJECTED] * (len(events) - len(proj)))
             out = self._messages
+            type_at, data_at = events.type_at, events.data_at
             for seq in nodes[consumed:] if consumed else nodes:
                 m = proj[seq]
                 if m is _UNPROJECTED:
-                    m = proj[seq] = derive_event_message(events[seq])
+                    m = proj[seq] = _project(type_at(seq), data_at(seq))
                 if m is not None:
                     out.append(m)
             self._consumed = len(nodes)

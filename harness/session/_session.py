@@ -10,10 +10,8 @@ not the log, not the surface, not the generation, not the validator state.
 from __future__ import annotations
 
 import bisect
-import gc
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Final, Protocol
 
 import attrs
@@ -32,14 +30,15 @@ from harness.session._events import (
     SurfaceOp,
     valid_envelope,
 )
+from harness.session._gc import gc_paused
 from harness.session._header import SessionHeader, snapshot_header, validate_header_record
 from harness.session._json import (
     FrozenDict,
     JsonValue,
     RawJson,
-    raw_of,
     try_snapshot_raw,
 )
+from harness.session._log import APPEND_OP, INTERNED, NO_OP, Log
 from harness.session._request_header import canonical_header
 from harness.session._shape import MESSAGE_TYPES, check_message_shape, check_request_header
 from harness.session._surface import (
@@ -56,23 +55,6 @@ Clock = Callable[[], int]
 
 def wall_clock_ms() -> int:
     return time.time_ns() // 1_000_000
-
-
-@contextmanager
-def gc_paused() -> Iterator[None]:
-    """Pause the cyclic collector around a bulk build of acyclic objects.
-
-    Building 100k events allocates ~10^6 containers; with the collector running, its
-    generation-2 passes dominate the cost (3x on the bench machine). Nothing built on
-    these paths is cyclic, so pausing loses nothing; the collector's state is restored.
-    """
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
 
 
 def decode_records(lines: Iterable[bytes | str]) -> list[Any]:
@@ -187,7 +169,7 @@ class Session:
     def __init__(self, *, _token: object = None) -> None:
         if _token is not _PRIVATE:
             raise TypeError("use Session.create() or Session.restore()")
-        self._events: list[Event] = []
+        self._events = Log()
         self._surface = SurfaceState()
         self._derive = DeriveCache()
         self._first_live_seq = 0
@@ -212,8 +194,8 @@ class Session:
         clock: Clock = wall_clock_ms,
         validator: AppendValidator | None = None,
     ) -> Session:
-        """Snapshot mode. Seed records are validated and copied; seed :class:`Event`
-        objects are shared (they are immutable), which is what makes fork O(prefix).
+        """Snapshot mode. Seed records are validated and copied; the data of seed
+        :class:`Event` objects is shared, not copied (it is immutable).
 
         Without a ``header`` one is synthesised as ``{version: 0, id, createdAt: now}``.
         A supplied seed (even ``[]``) gets a ``session/end-seed`` appended unless it
@@ -223,7 +205,7 @@ class Session:
         if seed is not None:
             for i, item in enumerate(seed):
                 if isinstance(item, Event):
-                    self._seed_one(i, item.type, raw_of(item.data), item, None)
+                    self._seed_one(i, item.type, item._data, item, None)
                     continue
                 ok, rec = try_snapshot_raw(item)
                 if not ok:
@@ -254,16 +236,18 @@ class Session:
         Ownership transfers to the session: the caller must not keep or mutate the
         records. They are validated (header, envelope, message shape, contiguity,
         surface rules) but not JSON-walked or copied. ``session/end-seed`` is appended
-        unless the log already ends with one.
+        unless the log already ends with one. The collector is paused meanwhile, and a
+        large restored log is moved straight to its oldest generation
+        (:func:`~harness.session.promote_young`, decision 0003).
         """
         self = cls._blank(session_id, clock, validator)
         if isinstance(header, SessionHeader):
             self._header = validate_header_record(header.to_record(), session_id)
         else:
             self._header = validate_header_record(header, session_id)
-        with gc_paused():
+        with gc_paused(promote=True):
             self._restore_records(records)
-        self._finish_construction(True)
+            self._finish_construction(True)
         return self
 
     @classmethod
@@ -298,17 +282,18 @@ class Session:
     ) -> Session:
         """A child seeded with ``parent``'s events ``0..boundary`` (shared, not copied).
 
-        A prefix of a valid log is valid, so nothing is re-validated: the child takes a
-        slice of the parent's list and the surface state at the boundary (a copy of the
-        parent's when the boundary is its last seq, else a fold of the prefix's ops).
-        Costs O(prefix) pointer copies. Fork's own checks (boundary, open turn) belong
-        to the caller. A ``validator`` is replayed over the prefix.
+        A prefix of a valid log is valid, so nothing is re-validated: the child shares
+        the parent's columns up to the boundary (O(1), or a copy of the parent's live
+        part when the parent is itself a fork), and takes the surface state at the
+        boundary (a copy of the parent's when the boundary is its last seq, else a
+        fold of the prefix's ops). Fork's own checks (boundary, open turn) belong to the caller. A
+        ``validator`` is replayed over the prefix.
         """
         if not 0 <= boundary < parent.seq:
             raise SessionError(f"fork boundary {boundary} is outside session {parent.id!r}")
         self = cls._blank(session_id, clock, validator)
         self._header = snapshot_header(header, session_id)
-        self._events = parent._events[: boundary + 1]
+        self._events = parent._events.prefix(boundary + 1)
         if boundary == parent.seq - 1:
             self._surface = parent._surface.clone()
         else:
@@ -338,23 +323,32 @@ class Session:
     def _restore_records(self, records: list[dict[str, Any]]) -> None:
         # The hot loop of W4. Records of the common shapes (log-only events without
         # metadata, plain surface appends of well-formed messages) are checked and
-        # adopted inline; anything else, valid or not, takes the general path, which
-        # also produces the exact error. Exact key sets are checked by length: the
-        # four required keys are read, so 4 keys (or 5 with surfaceOp) means no others.
-        events = self._events
-        push = events.append
-        surface = self._surface
-        nodes = surface.nodes
-        message_types = MESSAGE_TYPES
-        safe = SAFE_INT_MAX
-        message_ok = _message_ok
+        # adopted straight into the log's columns (no Event objects, decision 0006);
+        # anything else, valid or not, takes the general path, which also produces
+        # the exact error. Exact key sets are checked by length: the four required
+        # keys are read, so 4 keys (or 5 with surfaceOp) means no others.
         if self._validator is not None:
             for i, rec in enumerate(records):
                 self._seed_record(i, rec)
             return
+        surface = self._surface
+        # The position index is rebuilt on first use (a replace), not kept per append.
+        surface._pos = None
+        nodes = surface.nodes
+        push_node = nodes.append
+        cols = self._events.own
+        push_type, push_time, push_data, push_kind = (
+            cols.types.append,
+            cols.times.append,
+            cols.datas.append,
+            cols.kinds.append,
+        )
+        interned = INTERNED.get
+        message_types = MESSAGE_TYPES
+        safe = SAFE_INT_MAX
+        message_ok = _message_ok
         for i, rec in enumerate(records):
-            pos = surface._pos
-            if type(rec) is not dict or pos is None:
+            if type(rec) is not dict:
                 self._seed_record(i, rec)
                 continue
             t = rec.get("type")
@@ -376,15 +370,19 @@ class Session:
                 if n != 5 or rec.get("surfaceOp") != APPEND or not message_ok(t, data):
                     self._seed_record(i, rec)
                     continue
-                pos[i] = len(nodes)
-                nodes.append(i)
-                push(Event(t, i, tm, data, APPEND, None, False))
+                push_node(i)
+                kind = APPEND_OP
             elif n == 4 and t != "request/header" and t != _LEGACY_DELTA:
                 if t in _NOTED:
                     self._note_type(t, i)
-                push(Event(t, i, tm, data, None, None, False))
+                kind = NO_OP
             else:
                 self._seed_record(i, rec)
+                continue
+            push_type(interned(t, t))
+            push_time(tm)
+            push_data(data)
+            push_kind(kind)
 
     def _seed_record(self, i: int, rec: dict[str, Any]) -> None:
         if not valid_envelope(rec):
@@ -530,6 +528,17 @@ class Session:
             self._last_context = seq
         else:
             self._turn_marks.append(seq)
+
+    def last_turn(self) -> int:
+        """The highest integer ``turn`` of any ``turn/start`` (0 if none). O(turns)."""
+        best = 0
+        for seq in self._turn_marks:
+            if self._events.type_at(seq) == "turn/start":
+                data = self._events.data_at(seq)
+                turn = data.get("turn") if type(data) is dict else None
+                if type(turn) is int and turn > best:
+                    best = turn
+        return best
 
     def open_turn_at(self, seq: int) -> Any:
         """If the last ``turn/start``/``turn/end`` at or before ``seq`` is a
@@ -694,31 +703,29 @@ _NO_TURN: Final[Any] = object()
 """Returned by :meth:`Session.open_turn_at` when no turn is open."""
 
 
-def _fold_trusted(events: list[Event]) -> SurfaceState:
+def _fold_trusted(log: Log) -> SurfaceState:
     """The surface after already-validated events (no checks, appends inline)."""
     state = SurfaceState()
     nodes = state.nodes
-    for ev in events:
-        op = ev.surface_op
-        if op is None:
-            continue
+    for seq, op in log.surface_ops():
         if op == APPEND:
-            nodes.append(ev.seq)
+            nodes.append(seq)
             continue
         assert isinstance(op, ReplaceOp)
         i, j = nodes.index(op.start), nodes.index(op.end)
-        nodes[i : j + 1] = [ev.seq]
+        nodes[i : j + 1] = [seq]
         state.generation += 1
     state._pos = None  # rebuilt on first use
     return state
 
 
-def _last_index(events: list[Event], type_: str, hint: int) -> int:
-    """Index of the last ``type_`` event in ``events``; ``hint`` is the parent's."""
-    if hint < len(events):
+def _last_index(log: Log, type_: str, hint: int) -> int:
+    """Index of the last ``type_`` event in ``log``; ``hint`` is the parent's."""
+    if hint < len(log):
         return hint
-    for i in range(len(events) - 1, -1, -1):
-        if events[i].type == type_:
+    type_at = log.type_at
+    for i in range(len(log) - 1, -1, -1):
+        if type_at(i) == type_:
             return i
     return -1
 

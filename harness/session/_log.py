@@ -1,0 +1,172 @@
+"""Where a session keeps its events: by column, not as one object per event.
+
+An :class:`Event` object per log entry costs an object the cyclic collector visits on
+every pass that reaches it, forever (a slotted instance is never untracked), and it
+costs that for every event of every live session. On a freshly restored 100k-event
+log the first such pass was the largest cost after decoding, and in a long append
+run the collector's full passes over the growing log took ~40% of the time
+(decision 0006). So a log is kept by column: types (interned), times (a machine-int
+array the collector never visits), the data trees, and a one-byte kind for the
+surface op. Events with rarer metadata (a replace op, ``sourceEventSeqs``,
+``ignorable``) are also kept whole beside the columns. An :class:`Event` is
+materialised when read; it is equal to, not identical with, the event that was
+appended, and shares its data tree.
+
+Columns are append-only, so any prefix of them is immutable: a fork shares its
+parent's columns up to the boundary instead of copying them.
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Iterator, Sequence
+from typing import Final, overload
+
+from harness.session._events import APPEND, KNOWN_EVENT_TYPES, Event, SurfaceOp
+from harness.session._json import RawJson
+
+NO_OP: Final = 0
+APPEND_OP: Final = 1
+WHOLE: Final = 2
+"""Kinds: no surface op, a plain ``"append"``, or an event kept whole in ``whole``."""
+
+INTERNED: Final[dict[str, str]] = {t: t for t in KNOWN_EVENT_TYPES}
+"""Known types map to one shared string each (a decoded log has a fresh one per event)."""
+
+
+class Columns:
+    """Events ``0..len-1`` by column. Append-only: entries are never changed once
+    written, which is what makes sharing a prefix safe."""
+
+    __slots__ = ("datas", "kinds", "times", "types", "whole")
+
+    def __init__(self) -> None:
+        self.types: list[str] = []
+        self.times = array("q")
+        self.datas: list[RawJson] = []
+        self.kinds = bytearray()
+        self.whole: dict[int, Event] = {}
+
+    def __len__(self) -> int:
+        return len(self.types)
+
+    def push(self, event: Event) -> None:
+        """Add ``event`` in the cheapest form (its index is ``len(self)``)."""
+        t = event.type
+        op = event.surface_op
+        if event.source_event_seqs is None and not event.ignorable and (op is None or op == APPEND):
+            kind = NO_OP if op is None else APPEND_OP
+        else:
+            kind = WHOLE
+            self.whole[len(self.types)] = event
+        self.types.append(INTERNED.get(t, t))
+        self.times.append(event.time)
+        self.datas.append(event._data)
+        self.kinds.append(kind)
+
+    def event(self, i: int, seq: int) -> Event:
+        kind = self.kinds[i]
+        if kind == WHOLE:
+            return self.whole[i]
+        return Event(self.types[i], seq, self.times[i], self.datas[i], APPEND if kind else None, None, False)
+
+    def copy_prefix(self, n: int) -> Columns:
+        out = Columns()
+        out.types = self.types[:n]
+        out.times = self.times[:n]
+        out.datas = self.datas[:n]
+        out.kinds = self.kinds[:n]
+        out.whole = {i: e for i, e in self.whole.items() if i < n}
+        return out
+
+
+class Log(Sequence[Event]):
+    """The seq-indexed events of one session: a shared, read-only prefix of another
+    log's columns (``[0, k)``, possibly empty), then columns of its own.
+
+    Owned by one :class:`~harness.session.Session`. Reading by index, slice or
+    iteration materialises events; :meth:`type_at` and :meth:`data_at` read without
+    materialising.
+    """
+
+    __slots__ = ("_base", "_k", "_own")
+
+    def __init__(self, base: Columns | None = None, k: int = 0, own: Columns | None = None) -> None:
+        self._base = base if base is not None else Columns()
+        self._k = k
+        self._own = own if own is not None else Columns()
+
+    @property
+    def own(self) -> Columns:
+        """The columns new events are appended to (for bulk construction)."""
+        return self._own
+
+    def __len__(self) -> int:
+        return self._k + len(self._own.types)
+
+    def append(self, event: Event) -> None:
+        self._own.push(event)
+
+    def extend(self, events: Sequence[Event]) -> None:
+        push = self._own.push
+        for ev in events:
+            push(ev)
+
+    @overload
+    def __getitem__(self, i: int) -> Event: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[Event]: ...
+    def __getitem__(self, i: int | slice) -> Event | list[Event]:
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        k = self._k
+        n = k + len(self._own.types)
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            raise IndexError("log index out of range")
+        return self._base.event(i, i) if i < k else self._own.event(i - k, i)
+
+    def __iter__(self) -> Iterator[Event]:
+        k = self._k
+        base, own = self._base, self._own
+        for i in range(k):
+            yield base.event(i, i)
+        i = 0
+        while i < len(own.types):  # the log may grow while it is iterated
+            yield own.event(i, k + i)
+            i += 1
+
+    def type_at(self, i: int) -> str:
+        k = self._k
+        return self._base.types[i] if i < k else self._own.types[i - k]
+
+    def data_at(self, i: int) -> RawJson:
+        """The raw (private) data tree of event ``i``: read it, never mutate it."""
+        k = self._k
+        return self._base.datas[i] if i < k else self._own.datas[i - k]
+
+    def surface_ops(self) -> Iterator[tuple[int, SurfaceOp]]:
+        """``(seq, op)`` of every event that carries a surface op, in order."""
+        offset = 0
+        for cols, n in ((self._base, self._k), (self._own, len(self._own))):
+            kinds, whole = cols.kinds, cols.whole
+            for i in range(n):
+                kind = kinds[i]
+                if kind == APPEND_OP:
+                    yield offset + i, APPEND
+                elif kind == WHOLE:
+                    op = whole[i].surface_op
+                    if op is not None:
+                        yield offset + i, op
+            offset += n
+
+    def prefix(self, n: int) -> Log:
+        """A new log holding events ``0..n-1``, sharing what it can: O(1) when the
+        prefix lies in one column set, else a copy of this log's own part of it."""
+        k = self._k
+        if n <= k:
+            return Log(self._base, n)
+        if k == 0:
+            return Log(self._own, n)
+        return Log(self._base, k, self._own.copy_prefix(n - k))
