@@ -94,11 +94,11 @@ def w7(n: int, runs: int) -> list[Result]:
     from harness.persistence import open_persistence
     from harness.runtime import open_store
 
-    records = [bench_record(i) for i in range(n)]
     tmp = Path(tempfile.mkdtemp(prefix="harness-bench-"))
     try:
         backend = JsonlBackend(tmp)
-        backend.materialize(dict(HEADER), records)
+        # Not kept: live source records would sit in every collection the runs meet.
+        backend.materialize(dict(HEADER), [bench_record(i) for i in range(n)])
         path = backend.locate("bench")
         assert path is not None
         lines = path.read_bytes().splitlines()[1:]
@@ -118,6 +118,9 @@ def w7(n: int, runs: int) -> list[Result]:
                     assert handle.session.seq >= n + 1
                     await handle.dispose()
                     del handle
+                    # Each run starts cold: the previous incarnation's final write and
+                    # teardown are not part of the next resume.
+                    await p.wait_retired("bench")
             return samples
 
         samples = iter(trio.run(main))

@@ -171,6 +171,19 @@ class Persistence:
             if current is not None and current[1] is done:
                 del self._retirements[writer.id]
 
+    async def wait_retired(self, session_id: str) -> None:
+        """Wait until the disposed incarnation of ``session_id`` (if any) has written its
+        last batch and released its writer lock. Returns at once if none is retiring.
+
+        A disposed session's writer retires in the background: its final writes land
+        after ``dispose`` returns. Call this to know they are durable (or were given
+        up with a logged error) and the session's memory is released.
+
+        Cancellation: only the wait is cancelled; the retirement goes on in the
+        persistence nursery.
+        """
+        await self._wait_retired(session_id)
+
     async def _wait_retired(self, session_id: str, me: SessionWriter | None = None) -> None:
         """Wait until an earlier incarnation of this id has released its writer lock
         (never for ``me``: a retiring writer still writes its last batch)."""

@@ -203,6 +203,10 @@ class StoreActor(Actor[Any]):
             del store._entries[handle.id]
         if entry.announced:
             store.listeners.emit_disposed(handle)
+        # Entry and handle refer to each other: unlink them, so a retired session is
+        # freed by reference counting as soon as no stale handle names it (a cycle
+        # would keep its whole log for the collector to find, late if it was promoted).
+        entry.handle = None
 
     async def _fork(self, source: Any, boundary: object, child_id: str | None) -> SessionHandle:
         store = self.store

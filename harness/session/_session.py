@@ -202,8 +202,8 @@ class Session:
         already ends with one.
         """
         self = cls._blank(session_id, clock, validator)
-        if seed is not None:
-            for i, item in enumerate(seed):
+        with gc_paused(promote=seed is not None):  # seed copies are long-lived (decision 0003)
+            for i, item in enumerate(seed or ()):
                 if isinstance(item, Event):
                     self._seed_one(i, item.type, item._data, item, None)
                     continue
@@ -214,11 +214,12 @@ class Session:
                         session_id=session_id,
                     )
                 self._seed_record(i, rec)
-        if header is None:
-            self._header = SessionHeader(id=session_id, created_at=clock())
-        else:
-            self._header = snapshot_header(header, session_id)
-        self._finish_construction(seed is not None)
+            # The reference's order: the seed first, then the header (snapshot mode).
+            if header is None:
+                self._header = SessionHeader(id=session_id, created_at=clock())
+            else:
+                self._header = snapshot_header(header, session_id)
+            self._finish_construction(seed is not None)
         return self
 
     @classmethod
