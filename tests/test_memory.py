@@ -163,3 +163,14 @@ async def test_a_retired_session_is_freed_by_reference_counting(tmp_path: Path) 
             assert [e.type for e in (await p.load("freed")).events][:1] == ["user/message"]
     finally:
         gc.enable()
+
+
+def test_overlapping_pauses_resume_the_collector_once_the_last_ends(collector: None) -> None:
+    first = gc_paused()
+    second = gc_paused()
+    first.__enter__()
+    second.__enter__()
+    first.__exit__(None, None, None)  # as when another thread's pause ends first
+    assert not gc.isenabled()
+    second.__exit__(None, None, None)
+    assert gc.isenabled()

@@ -15,28 +15,41 @@ Two costs are avoidable when a session is built from 10^5 stored events:
 from __future__ import annotations
 
 import gc
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+
+_lock = threading.Lock()
+_depth = 0
+_resume = False
 
 
 @contextmanager
 def gc_paused(*, promote: bool = False) -> Iterator[None]:
     """Pause the cyclic collector around a bulk build of acyclic objects.
 
-    With ``promote=True``, a block that completes and left more young objects than a
-    full young-generation cycle holds (``threshold0 * threshold1``, 7,000 by default)
-    moves them to the oldest generation before the collector resumes: see
-    :func:`promote_young`. The collector's enabled state is restored either way.
+    Pauses nest and may overlap across threads (session loads run on worker threads):
+    the collector resumes when the last pause ends, and only if it was enabled when the
+    first began. With ``promote=True``, a block that completes and left more young
+    objects than a full young-generation cycle holds (``threshold0 * threshold1``,
+    7,000 by default) moves them to the oldest generation before the collector
+    resumes: see :func:`promote_young`.
     """
-    was_enabled = gc.isenabled()
-    gc.disable()
+    global _depth, _resume
+    with _lock:
+        if _depth == 0:
+            _resume = gc.isenabled()
+            gc.disable()
+        _depth += 1
     try:
         yield
         if promote:
             promote_young()
     finally:
-        if was_enabled:
-            gc.enable()
+        with _lock:
+            _depth -= 1
+            if _depth == 0 and _resume:
+                gc.enable()
 
 
 def promote_young() -> bool:
