@@ -18,6 +18,8 @@ from harness.errors import (
     FlushError,
     PersistedSessionNotFoundError,
     PersistenceError,
+    SessionCorruptionError,
+    SessionFormatUnsupportedError,
     SessionLiveError,
     SessionLockedError,
     SessionLogExistsError,
@@ -286,3 +288,41 @@ async def test_two_processes_one_writer(tmp_path: Path, kind: str) -> None:
         for pipe in (child.stdin, child.stdout):
             if pipe is not None:
                 pipe.close()
+
+
+def _rec(seq: int, type_: str, data: Any = None, **extra: Any) -> dict[str, Any]:
+    return {"type": type_, "seq": seq, "time": 1, "data": {} if data is None else data, **extra}
+
+
+@pytest.mark.parametrize("kind", ["jsonl", "sqlite"])
+async def test_prepare_refuses_unknown_types_unless_ignorable(tmp_path: Path, kind: str) -> None:
+    backend = JsonlBackend(tmp_path) if kind == "jsonl" else SqliteBackend(tmp_path / "s.db")
+    header = {"version": 0, "id": "u", "createdAt": 1, "cwd": "/w"}
+    backend.materialize(
+        header,
+        [_rec(0, "turn/start", {"turn": 1}), _rec(1, "future/thing", ignorable=True), _rec(2, "future/other")],
+    )
+    async with open_store() as store, open_persistence(store, backend) as p:
+        with pytest.raises(SessionFormatUnsupportedError) as info:
+            await p.prepare("u")
+        assert str(info.value).startswith(
+            'session "u" contains event type "future/other" (seq 2) unknown to this harness and not marked ignorable'
+        )
+        assert info.value.code == "SESSION_FORMAT_UNSUPPORTED"
+        assert await store.get("u") is None  # nothing published
+        with pytest.raises(SessionFormatUnsupportedError):
+            await p.prepare("u")  # again the refusal, not SESSION_LOCKED: the lock was released
+
+
+@pytest.mark.parametrize("turn_open", [True, False])
+async def test_prepare_reports_a_typeless_record_as_corruption(tmp_path: Path, turn_open: bool) -> None:
+    backend = JsonlBackend(tmp_path)
+    header = {"version": 0, "id": "t", "createdAt": 1, "cwd": "/w"}
+    first = [_rec(0, "turn/start", {"turn": 1})] if turn_open else [_rec(0, "feedback/record")]
+    backend.materialize(header, [*first, {"seq": 1, "time": 1, "data": {}}])
+    async with open_store() as store, open_persistence(store, backend) as p:
+        with pytest.raises(SessionCorruptionError) as info:
+            await p.prepare("t")
+        assert info.value.code == "SESSION_CORRUPT" and 'stored session "t" failed validation' in str(info.value)
+        with pytest.raises(SessionCorruptionError):
+            await p.prepare("t")  # again corruption, not SESSION_LOCKED: the lock was released

