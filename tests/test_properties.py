@@ -115,6 +115,13 @@ def test_restored_log_reads_like_the_original(ops: list[Op], data: st.DataObject
         assert list(a.events) == list(b.events)
         assert (tuple(a.surface), a.generation) == (tuple(b.surface), b.generation)
         assert list(a.derive_messages()) == list(b.derive_messages())
-        # the child's later appends never reach the parent it shares a seed with
+        # the child's later appends never reach the parent it shares columns with
         b.append("user/message", user("late"), surface_op="append")
         assert r.seq == n + 1 and list(r.events)[:n] == list(s.events)
+        # a fork of a fork past its shared part copies the fork's own columns
+        last = b.seq - 1
+        c = Session.fork_of(b, last, "d", {"version": 0, "id": "d", "createdAt": 1}, clock=lambda: 1)
+        assert list(c.events)[: last + 1] == list(b.events)
+        assert list(c.derive_messages()) == list(b.derive_messages())
+        c.append("user/message", user("later"), surface_op="append")
+        assert b.seq == last + 1 and c.seq == last + 3  # its end-seed, then the append
