@@ -287,8 +287,8 @@ class Session:
         the parent's columns up to the boundary (O(1), or a copy of the parent's live
         part when the parent is itself a fork), and takes the surface state at the
         boundary (a copy of the parent's when the boundary is its last seq, else a
-        fold of the prefix's ops). Fork's own checks (boundary, open turn) belong to the caller. A
-        ``validator`` is replayed over the prefix.
+        fold of the prefix's ops). Fork's own checks (boundary, open turn) belong to
+        the caller. A ``validator`` is replayed over the prefix.
         """
         if not 0 <= boundary < parent.seq:
             raise SessionError(f"fork boundary {boundary} is outside session {parent.id!r}")
