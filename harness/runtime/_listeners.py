@@ -94,8 +94,9 @@ class Listeners:
         return True
 
 
-def remover(items: list[Any], item: Any) -> Callable[[], None]:
-    """An idempotent unsubscribe function."""
+def subscribe(items: list[Any], item: Any) -> Callable[[], None]:
+    """Add ``item`` to ``items``; return an idempotent unsubscribe function."""
+    items.append(item)
 
     def remove() -> None:
         if item in items:

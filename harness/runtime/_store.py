@@ -29,7 +29,7 @@ from harness.runtime._listeners import (
     FlushListener,
     Listeners,
     PreCommitHook,
-    remover,
+    subscribe,
 )
 from harness.runtime._messages import (
     Adopt,
@@ -387,24 +387,19 @@ class Store:
     # -- listeners -----------------------------------------------------------------------
 
     def on_created(self, listener: CreatedListener) -> Callable[[], None]:
-        self.listeners.created.append(listener)
-        return remover(self.listeners.created, listener)
+        return subscribe(self.listeners.created, listener)
 
     def on_event(self, listener: EventListener) -> Callable[[], None]:
-        self.listeners.event.append(listener)
-        return remover(self.listeners.event, listener)
+        return subscribe(self.listeners.event, listener)
 
     def on_disposed(self, listener: DisposedListener) -> Callable[[], None]:
-        self.listeners.disposed.append(listener)
-        return remover(self.listeners.disposed, listener)
+        return subscribe(self.listeners.disposed, listener)
 
     def add_pre_commit_hook(self, hook: PreCommitHook) -> Callable[[], None]:
-        self.listeners.pre_commit.append(hook)
-        return remover(self.listeners.pre_commit, hook)
+        return subscribe(self.listeners.pre_commit, hook)
 
     def on_flush(self, listener: FlushListener) -> Callable[[], None]:
-        self.listeners.flush.append(listener)
-        return remover(self.listeners.flush, listener)
+        return subscribe(self.listeners.flush, listener)
 
     async def aclose(self) -> None:
         """Detach every live session (``disposed`` for each announced one), then refuse
