@@ -380,8 +380,7 @@ def _last_index_of(items: list[Any], value: str) -> int:
 def build_session(session_id: str, header: dict[str, Any], records: list[Any]) -> Session:
     """Restore mode over stored records; validation failures become corruption."""
     try:
-        with gc_paused():
-            return Session.restore(session_id, records, header)
+        return Session.restore(session_id, records, header)  # pauses the collector itself
     except SessionFormatUnsupportedError:
         raise
     except HarnessError as exc:
