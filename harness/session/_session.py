@@ -37,6 +37,7 @@ from harness.session._json import (
     JsonValue,
     RawJson,
     try_snapshot_raw,
+    view,
 )
 from harness.session._log import APPEND_OP, INTERNED, NO_OP, Log
 from harness.session._request_header import canonical_header
@@ -535,11 +536,15 @@ class Session:
         best = 0
         for seq in self._turn_marks:
             if self._events.type_at(seq) == "turn/start":
-                data = self._events.data_at(seq)
-                turn = data.get("turn") if type(data) is dict else None
+                turn = self._turn_of(seq)
                 if type(turn) is int and turn > best:
                     best = turn
         return best
+
+    def _turn_of(self, seq: int) -> Any:
+        """The frozen ``turn`` value in the data of event ``seq`` (``None`` if none)."""
+        data = self._events.data_at(seq)
+        return view(data.get("turn")) if type(data) is dict else None
 
     def open_turn_at(self, seq: int) -> Any:
         """If the last ``turn/start``/``turn/end`` at or before ``seq`` is a
@@ -549,11 +554,10 @@ class Session:
         k = bisect.bisect_right(marks, seq) - 1
         if k < 0:
             return _NO_TURN
-        ev = self._events[marks[k]]
-        if ev.type != "turn/start":
+        mark = marks[k]
+        if self._events.type_at(mark) != "turn/start":
             return _NO_TURN
-        data = ev.data
-        return data.get("turn") if type(data) is FrozenDict else None
+        return self._turn_of(mark)
 
     # -- appending --------------------------------------------------------------------
 
