@@ -8,12 +8,14 @@
 """
 
 from actors._actor import Actor, ActorRef
+from actors._bounded import run_bounded
 from actors._errors import (
     ActorCrashedError,
     ActorError,
     ActorStoppedError,
     LifetimeClosedError,
     Rejected,
+    ReplyOverdueError,
 )
 from actors._lifetimes import Lifetime, Owner, bind_all, run_abandonable
 from actors._runtime import ActorRuntime, Supervisor
@@ -29,7 +31,9 @@ __all__ = [
     "LifetimeClosedError",
     "Owner",
     "Rejected",
+    "ReplyOverdueError",
     "Supervisor",
     "bind_all",
     "run_abandonable",
+    "run_bounded",
 ]

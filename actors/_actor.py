@@ -10,7 +10,8 @@ from typing import Any, ClassVar, Generic, TypeVar, final
 import outcome
 import trio
 
-from actors._errors import ActorCrashedError, ActorStoppedError, Rejected
+from actors._bounded import run_bounded
+from actors._errors import ActorCrashedError, ActorStoppedError, Rejected, ReplyOverdueError
 
 log = logging.getLogger("actors")
 
@@ -47,6 +48,10 @@ class Actor(Generic[M]):
 
     rejections: ClassVar[tuple[type[Exception], ...]] = ()
     mailbox_size: ClassVar[int] = 64
+    #: Seconds a cancelled caller keeps waiting for a message the actor already took
+    #: (see :meth:`ActorRef.call`). Handlers are expected to be short; long work
+    #: belongs in child tasks.
+    reply_grace: ClassVar[float] = 30.0
 
     name: str = "actor"
 
@@ -91,14 +96,35 @@ class ActorRef(Generic[M]):
         :class:`ActorStoppedError` if the actor no longer accepts messages and
         :class:`ActorCrashedError` if it crashed.
 
-        Cancellation: before the actor takes the message it is withdrawn (never
-        applied); after, the caller gets ``Cancelled`` and the message is still applied.
+        Cancellation (Trio's rule: ``Cancelled`` means it did not happen):
+
+        * cancelled before the actor takes the message: it is withdrawn, never
+          applied, and ``Cancelled`` propagates;
+        * cancelled once the actor has taken it: the caller keeps waiting, shielded,
+          for the handler to finish, and gets its result (or error) as if it had not
+          been cancelled; the cancellation is delivered at the caller's next
+          checkpoint. So a caller that returns normally knows the message was
+          applied, and one that gets ``Cancelled`` knows it was not;
+        * the shielded wait is bounded by the actor's ``reply_grace``: a handler
+          that overruns it makes the call raise :class:`ReplyOverdueError` (the
+          outcome is unknown: reconcile from the actor's state).
         """
         env = _Envelope(message, reply=True)
         await self._enqueue(env)
-        assert env.done is not None
+        done = env.done
+        assert done is not None
         try:
-            await env.done.wait()
+            await done.wait()
+        except trio.Cancelled:
+            if env.state is _State.QUEUED:
+                env.state = _State.WITHDRAWN
+                raise
+            if env.result is None:
+                # Taken: the message is being applied. Reporting ``Cancelled`` now
+                # would tell the caller "not applied" about a message that will be.
+                await run_bounded(done.wait, self._cell.reply_grace, shield=True)
+                if env.result is None:
+                    raise ReplyOverdueError(self.name, message, self._cell.reply_grace) from None
         except BaseException:
             if env.state is _State.QUEUED:
                 env.state = _State.WITHDRAWN
@@ -146,12 +172,17 @@ class ActorRef(Generic[M]):
 class _Cell:
     """Shared run state of one actor (its ref, its loop and the runtime see it)."""
 
-    __slots__ = ("closing", "crash", "stopped")
+    __slots__ = ("closing", "crash", "current", "reply_grace", "scope", "stopped")
 
-    def __init__(self) -> None:
+    def __init__(self, reply_grace: float = Actor.reply_grace) -> None:
         self.closing = False
         self.crash: BaseException | None = None
         self.stopped = trio.Event()
+        self.current: _Envelope | None = None  # the message being handled
+        self.reply_grace = reply_grace
+        # The actor task's own scope: cancelling it stops this actor alone (used
+        # when an orderly stop overruns its grace period).
+        self.scope = trio.CancelScope()
 
 
 async def run_actor(
@@ -165,24 +196,9 @@ async def run_actor(
     Whatever way it exits (normal stop, crash, cancellation), no envelope is left
     without an answer: the current and all queued calls are failed.
     """
-    current: _Envelope | None = None
     try:
-        async for env in receive:
-            if env.state is _State.WITHDRAWN:
-                continue
-            env.state = _State.TAKEN
-            current = env
-            crashed = not await _serve(actor, env, cell, on_crash)
-            # An idle actor must not keep its last message (and all it references)
-            # alive until the next one arrives.
-            current = None
-            del env
-            if crashed:
-                return
-        with trio.CancelScope(shield=True):
-            # Shielded and local: a normal stop always runs the actor's shutdown,
-            # even if the runtime is being cancelled meanwhile.
-            await actor.on_stop()
+        with cell.scope:
+            await _serve_all(actor, receive, cell, on_crash)
     finally:
         cell.closing = True
         failure = (
@@ -190,6 +206,8 @@ async def run_actor(
             if cell.crash is not None
             else ActorStoppedError(f"actor {actor.name!r} stopped before handling the message")
         )
+        current = cell.current
+        cell.current = None
         if current is not None and current.state is _State.TAKEN:
             _finish(current, outcome.Error(failure))
         while True:
@@ -201,6 +219,30 @@ async def run_actor(
                 _finish(env, outcome.Error(failure))
         receive.close()
         cell.stopped.set()
+
+
+async def _serve_all(
+    actor: Actor[Any],
+    receive: trio.MemoryReceiveChannel[_Envelope],
+    cell: _Cell,
+    on_crash: Callable[[str, BaseException], None],
+) -> None:
+    async for env in receive:
+        if env.state is _State.WITHDRAWN:
+            continue
+        env.state = _State.TAKEN
+        cell.current = env
+        crashed = not await _serve(actor, env, cell, on_crash)
+        # An idle actor must not keep its last message (and all it references)
+        # alive until the next one arrives.
+        cell.current = None
+        del env
+        if crashed:
+            return
+    with trio.CancelScope(shield=True):
+        # Shielded and local: a normal stop always runs the actor's shutdown, even
+        # if the runtime is being cancelled meanwhile.
+        await actor.on_stop()
 
 
 async def _serve(

@@ -51,3 +51,22 @@ class LifetimeClosedError(ActorError):
         super().__init__(f"{lifetime} closed: {reason}")
         self.lifetime = lifetime
         self.reason = reason
+
+
+class ReplyOverdueError(ActorError):
+    """A cancelled caller waited ``grace`` seconds for a message the actor had already
+    taken, and stopped waiting: whether it was applied is unknown.
+
+    Callers reconcile from the actor's state (e.g. read the log) instead of guessing.
+    """
+
+    code = "REPLY_OVERDUE"
+
+    def __init__(self, actor: str, message: object, grace: float) -> None:
+        super().__init__(
+            f"actor {actor!r} did not answer {type(message).__name__} within {grace:g} s "
+            "after its caller was cancelled; outcome unknown"
+        )
+        self.actor = actor
+        self.message = message
+        self.grace = grace

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import sys
 from collections.abc import Awaitable, Callable, Sequence
 from contextlib import contextmanager
 from typing import Any, Generic, TypeVar
@@ -55,48 +56,92 @@ class Lifetime:
 class Owner(Lifetime):
     """A lifetime that owns tasks. ``async with Owner(name) as owner:``.
 
-    ``owner.start_soon`` runs a task owned by it. ``aclose(reason)`` closes the
-    lifetime (cancelling bound waits), cancels the owned tasks and waits for them;
-    leaving the ``async with`` block does the same.
+    ``owner.start_soon`` runs a task owned by it, in a nursery of its own: closing
+    the owner cancels those tasks, never the body of the ``async with`` that opened
+    it. ``aclose(reason)`` closes the lifetime (cancelling bound waits), cancels the
+    owned tasks and waits until they have all ended; leaving the ``async with``
+    block does the same.
     """
 
     def __init__(self, name: str) -> None:
         super().__init__(name)
-        self._nursery: trio.Nursery | None = None
+        self._tasks: trio.Nursery | None = None
+        self._ended = trio.Event()
         self._cm: Any = None
 
     async def __aenter__(self) -> Owner:
         self._cm = trio.open_nursery()
-        self._nursery = await self._cm.__aenter__()
+        outer: trio.Nursery = await self._cm.__aenter__()
+        try:
+            self._tasks = await outer.start(self._host)
+        except BaseException:
+            await self._cm.__aexit__(*sys.exc_info())
+            raise
         return self
+
+    async def _host(self, task_status: trio.TaskStatus[trio.Nursery] = trio.TASK_STATUS_IGNORED) -> None:
+        try:
+            async with trio.open_nursery() as tasks:
+                task_status.started(tasks)
+                await trio.sleep_forever()
+        finally:
+            self._ended.set()
 
     async def __aexit__(self, *exc: Any) -> bool | None:
         self.close("owner exited")
-        assert self._nursery is not None
-        self._nursery.cancel_scope.cancel()
+        if self._tasks is not None:
+            self._tasks.cancel_scope.cancel()
         result: bool | None = await self._cm.__aexit__(*exc)
         return result
 
-    def start_soon(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> None:
-        if self._nursery is None or self.closed:
+    def start_soon(self, fn: Callable[..., Awaitable[Any]], *args: Any, name: str | None = None) -> None:
+        """Run ``fn(*args)`` as a task owned by this owner (cancelled when it closes).
+
+        Raises :class:`LifetimeClosedError` once the owner is closed (or before it
+        was entered).
+        """
+        if self._tasks is None or self.closed:
             raise LifetimeClosedError(self.name, self.reason)
-        self._nursery.start_soon(fn, *args)
+        self._tasks.start_soon(fn, *args, name=name)
 
     async def aclose(self, reason: object = "owner closed") -> None:
-        """Close, cancel owned tasks, and wait for them (idempotent)."""
+        """Close, cancel the owned tasks, and wait until they have ended (idempotent).
+
+        Called from inside one of the owner's own tasks it does not wait (that task
+        is itself being cancelled; waiting for it would never end). Cancelling the
+        caller abandons the wait only: the owned tasks are cancelled regardless.
+        """
         self.close(reason)
-        if self._nursery is not None:
-            self._nursery.cancel_scope.cancel()
+        tasks = self._tasks
+        if tasks is None:
+            return
+        tasks.cancel_scope.cancel()
+        if not _inside(tasks):
+            await self._ended.wait()
+
+
+def _inside(nursery: trio.Nursery) -> bool:
+    """Whether the current task runs (directly or not) in ``nursery``."""
+    task: trio.lowlevel.Task | None = trio.lowlevel.current_task()
+    while task is not None:
+        parent = task.parent_nursery
+        if parent is None:
+            return False
+        if parent is nursery:
+            return True
+        task = parent.parent_task
+    return False
 
 
 class _Slot(Generic[T]):
-    __slots__ = ("abandoned", "delivered", "done", "result")
+    __slots__ = ("abandoned", "delivered", "done", "result", "scope")
 
     def __init__(self) -> None:
         self.done = trio.Event()
         self.result: outcome.Outcome[T] | None = None
         self.abandoned = False
         self.delivered = False
+        self.scope: trio.CancelScope | None = None
 
 
 async def run_abandonable(
@@ -115,11 +160,15 @@ async def run_abandonable(
     :class:`LifetimeClosedError` with the first reason). If a lifetime is already
     closed, the operation is not started.
 
-    Ownership: once the wait is abandoned, the operation's result belongs to the
-    child task, which disposes it (shielded: disposal must finish) — exactly once,
-    and before ``nursery`` exits. A result delivered in the same moment the wait was
-    abandoned is disposed by the caller instead. A failure after abandonment is
-    passed to ``on_late_error`` (logged by default), never lost.
+    Abandoning the wait cancels the operation. Ownership: if it still produces a
+    result (a shielded step or a worker thread cannot be interrupted), the result
+    belongs to the child task, which disposes it (shielded: disposal must finish) —
+    exactly once, and before ``nursery`` exits. A result delivered in the same
+    moment the wait was abandoned is disposed by the caller instead. After
+    abandonment, an ``Exception`` from the operation is passed to ``on_late_error``
+    (logged by default), never lost; a ``BaseException`` that is not the
+    cancellation (``KeyboardInterrupt``, ``SystemExit``, a group holding one)
+    propagates into ``nursery``, as Trio propagates it anywhere else.
     """
     for lt in lifetimes:
         if lt.closed:
@@ -127,15 +176,35 @@ async def run_abandonable(
     slot: _Slot[T] = _Slot()
 
     async def child() -> None:
-        result: outcome.Outcome[T] = await outcome.acapture(operation)
+        if slot.abandoned:
+            return  # abandoned before it started: never run it
+        result: outcome.Outcome[T] | None = None
+        try:
+            with trio.CancelScope() as scope:
+                slot.scope = scope
+                try:
+                    result = outcome.Value(await operation())
+                except BaseException as exc:
+                    if _is_cancellation(exc):
+                        raise  # ours (absorbed by the scope) or the nursery's
+                    result = outcome.Error(exc)
+        finally:
+            slot.scope = None
+            if result is None and not slot.abandoned:
+                # Cancelled by the nursery itself, not by an abandonment: the waiter
+                # must not hang.
+                slot.result = outcome.Error(RuntimeError(f"{name} was cancelled by its nursery"))
+                slot.delivered = True
+                slot.done.set()
+        if result is None:
+            return  # cancelled because it was abandoned: nothing to dispose
         if slot.abandoned:
             if isinstance(result, outcome.Value):
-                with trio.CancelScope(shield=True):
-                    await dispose(result.value)
-            elif isinstance(result, outcome.Error) and not isinstance(result.error, trio.Cancelled):
+                await _dispose_shielded(dispose, result.value)
+            elif isinstance(result.error, Exception):
                 (on_late_error or _log_late)(result.error)
             else:
-                result.unwrap()
+                result.unwrap()  # KeyboardInterrupt and friends are not ours to swallow
             return
         slot.result = result
         slot.delivered = True
@@ -162,13 +231,22 @@ async def run_abandonable(
         await _dispose_shielded(dispose, slot.result.value)
         closed = next(lt for lt in lifetimes if lt.closed)
         raise LifetimeClosedError(closed.name, closed.reason)
-    if isinstance(slot.result, outcome.Error) and isinstance(slot.result.error, trio.Cancelled):
-        raise RuntimeError(f"{name} was cancelled by its nursery") from slot.result.error
     return slot.result.unwrap()
+
+
+def _is_cancellation(exc: BaseException) -> bool:
+    """``Cancelled``, or a group made only of ``Cancelled`` (a cancelled nursery)."""
+    if isinstance(exc, trio.Cancelled):
+        return True
+    if isinstance(exc, BaseExceptionGroup):
+        return exc.split(trio.Cancelled)[1] is None
+    return False
 
 
 async def _abandon(slot: _Slot[T], dispose: Callable[[T], Awaitable[None]]) -> None:
     slot.abandoned = True
+    if slot.scope is not None:
+        slot.scope.cancel()
     if slot.delivered and isinstance(slot.result, outcome.Value):
         # The child already handed the result over: the caller owns it, so disposes it.
         slot.delivered = False

@@ -10,6 +10,7 @@ from typing import Any, TypeVar
 import trio
 
 from actors._actor import Actor, ActorRef, _Cell, _Envelope, run_actor
+from actors._bounded import run_bounded
 from actors._errors import ActorStoppedError
 from actors._lifetimes import Lifetime
 
@@ -32,16 +33,26 @@ class ActorRuntime:
     cancelled, actors are cancelled instead of drained; no caller is left hanging
     either way (pending calls fail with :class:`ActorStoppedError`).
 
+    Every orderly stop is bounded: an actor that has not stopped ``stop_grace``
+    seconds after its mailbox closed is logged and cancelled (its pending callers
+    get :class:`ActorStoppedError`), so a wedged handler cannot hang the runtime's
+    exit or a detach.
+
     ``teardown`` is a :class:`Lifetime` closed when the runtime begins to stop:
     long waits bound to it (see :func:`run_abandonable`) end at that moment.
     """
 
-    def __init__(self, *, supervisor: Supervisor = _log_crash, name: str = "runtime") -> None:
+    def __init__(
+        self, *, supervisor: Supervisor = _log_crash, name: str = "runtime", stop_grace: float = 30.0
+    ) -> None:
         self._supervisor = supervisor
         self._nursery: trio.Nursery | None = None
         self._manager: Any = None
-        self._actors: list[tuple[ActorRef[Any], _Cell, trio.MemorySendChannel[_Envelope]]] = []
+        # Insertion-ordered: reverse spawn order for the orderly stop, O(1) removal
+        # when one actor stops (a store with many sessions detaches each in O(1)).
+        self._actors: dict[ActorRef[Any], tuple[_Cell, trio.MemorySendChannel[_Envelope]]] = {}
         self._accepting = False
+        self.stop_grace = stop_grace
         self.crashes: list[tuple[str, BaseException]] = []
         self.teardown = Lifetime(f"{name} teardown")
 
@@ -72,14 +83,12 @@ class ActorRuntime:
                 with trio.CancelScope(shield=True):
                     # Orderly stop: each actor drains and runs on_stop before the
                     # next (reverse spawn order: dependents stop before what they use).
-                    for _ref, cell, send in reversed(self._actors):
-                        cell.closing = True
-                        send.close()
-                        await cell.stopped.wait()
+                    for ref in reversed(list(self._actors)):
+                        await self.stop(ref)
             else:
                 nursery.cancel_scope.cancel()
         finally:
-            for _, cell, send in self._actors:
+            for cell, send in self._actors.values():
                 cell.closing = True
                 send.close()
             try:
@@ -93,9 +102,9 @@ class ActorRuntime:
         if not self._accepting or self._nursery is None:
             raise ActorStoppedError("runtime is not accepting new actors")
         send, receive = trio.open_memory_channel[_Envelope](actor.mailbox_size)
-        cell = _Cell()
+        cell = _Cell(actor.reply_grace)
         ref: ActorRef[Any] = ActorRef(actor.name, send, cell)
-        self._actors.append((ref, cell, send))
+        self._actors[ref] = (cell, send)
 
         def on_crash(name: str, exc: BaseException) -> None:
             self.crashes.append((name, exc))
@@ -107,12 +116,18 @@ class ActorRuntime:
     async def stop(self, ref: ActorRef[Any]) -> None:
         """Stop one actor in order (drain, on_stop) and wait until it has stopped.
 
-        Cancelling the caller stops the wait, not the stop.
+        Bounded by ``stop_grace``: past it the actor is cancelled (logged) and the
+        wait goes on only for its unwinding. Cancelling the caller stops the wait,
+        not the stop. O(1); a ref not (or no longer) in this runtime returns at once.
         """
-        for r, cell, send in self._actors:
-            if r is ref:
-                cell.closing = True
-                send.close()
-                await cell.stopped.wait()
-                self._actors = [a for a in self._actors if a[0] is not ref]
-                return
+        item = self._actors.get(ref)
+        if item is None:
+            return
+        cell, send = item
+        cell.closing = True
+        send.close()
+        if not await run_bounded(cell.stopped.wait, self.stop_grace):
+            log.warning("actor %r did not stop within %g s; cancelling it", ref.name, self.stop_grace)
+            cell.scope.cancel()
+            await cell.stopped.wait()
+        self._actors.pop(ref, None)

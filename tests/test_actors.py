@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 import pytest
@@ -17,6 +18,7 @@ from actors import (
     Lifetime,
     LifetimeClosedError,
     Owner,
+    ReplyOverdueError,
     run_abandonable,
 )
 
@@ -77,17 +79,86 @@ async def test_cancelled_before_taken_is_withdrawn() -> None:
     assert a.applied == ["wait", "after"]
 
 
-async def test_cancelled_after_taken_is_still_applied() -> None:
+async def test_cancelled_after_taken_waits_for_the_reply() -> None:
+    # Trio's rule: Cancelled means "not applied". A caller cancelled once the actor
+    # took its message waits (shielded) for the handler and gets the result.
     async with ActorRuntime() as rt:
         a = Counter()
         a.gate = trio.Event()
         ref = rt.spawn(a)
-        with trio.move_on_after(0.01) as scope:
-            await ref.call("wait")
-        assert scope.cancelled_caught
-        a.gate.set()
+        got: list[int] = []
+        async with trio.open_nursery() as n:
+
+            async def caller() -> None:
+                with trio.CancelScope() as scope:
+                    scope.cancel()  # cancelled before even sending: withdrawn
+                    with pytest.raises(trio.Cancelled):
+                        await ref.call("never")
+                with trio.move_on_after(0.01) as scope:
+                    got.append(await ref.call("wait"))
+                    await trio.lowlevel.checkpoint()  # the cancellation lands here
+                assert scope.cancelled_caught
+
+            n.start_soon(caller)
+            await trio.sleep(0.05)
+            assert got == []  # still waiting, past its deadline
+            a.gate.set()
+        assert got == [1]
         assert await ref.call("next") == 2
     assert a.applied == ["wait", "next"]
+
+
+async def test_applied_in_the_same_step_as_the_cancel_is_reported_applied() -> None:
+    # The actor applies the message while the caller sits in its send checkpoint;
+    # the caller is cancelled right then. It must see the result, not Cancelled.
+    async with ActorRuntime() as rt:
+        a = Counter()
+        ref = rt.spawn(a)
+        await trio.testing.wait_all_tasks_blocked()
+        results: list[object] = []
+        for _ in range(20):
+            with trio.CancelScope() as scope:
+
+                async def cancel_soon() -> None:
+                    scope.cancel()
+
+                async with trio.open_nursery() as n:
+                    n.start_soon(cancel_soon)
+                    try:
+                        results.append(await ref.call("x"))
+                    except trio.Cancelled:
+                        results.append("cancelled")
+                        raise
+        applied = [r for r in results if r != "cancelled"]
+        assert len(applied) == len(a.applied)  # every applied message was reported
+
+
+async def test_reply_overdue_is_a_typed_error() -> None:
+    class Slow(Counter):
+        reply_grace = 0.05
+
+    async with ActorRuntime(stop_grace=0.1) as rt:
+        a = Slow()
+        a.gate = trio.Event()
+        ref = rt.spawn(a)
+        with trio.move_on_after(0.01):
+            with pytest.raises(ReplyOverdueError) as info:
+                await ref.call("wait")
+        assert info.value.code == "REPLY_OVERDUE"
+        a.gate.set()
+
+
+async def test_stop_is_bounded_by_stop_grace() -> None:
+    async with ActorRuntime(stop_grace=0.05) as rt:
+        a = Counter()
+        a.gate = trio.Event()  # never set: the handler hangs
+        ref = rt.spawn(a)
+        await ref.cast("wait")
+        await trio.testing.wait_all_tasks_blocked()
+        with trio.fail_after(5):
+            await rt.stop(ref)
+        assert not ref.alive
+    assert a.applied == []
 
 
 async def test_full_mailbox_applies_backpressure() -> None:
@@ -300,3 +371,122 @@ async def test_owner_closes_its_tasks() -> None:
     assert ran == ["cancelled"] and owner.reason == "done"
     with pytest.raises(LifetimeClosedError):
         owner.start_soon(task)
+
+
+async def test_owner_aclose_waits_for_its_tasks_and_spares_the_body() -> None:
+    ended: list[str] = []
+    async with Owner("app") as owner:
+
+        async def task() -> None:
+            try:
+                await trio.sleep_forever()
+            finally:
+                with trio.CancelScope(shield=True):
+                    await trio.sleep(0.01)  # a slow unwinding
+                ended.append("task")
+
+        owner.start_soon(task)
+        await trio.testing.wait_all_tasks_blocked()
+        await owner.aclose("done")
+        assert ended == ["task"]  # aclose returned only after the task ended
+        await trio.lowlevel.checkpoint()  # the body is not cancelled
+        ended.append("body")
+    assert ended == ["task", "body"]
+
+
+async def test_owner_aclose_from_an_owned_task_does_not_deadlock() -> None:
+    with trio.fail_after(5):
+        async with Owner("app") as owner:
+            done = trio.Event()
+
+            async def task() -> None:
+                try:
+                    await owner.aclose("self")
+                    await trio.sleep_forever()
+                finally:
+                    done.set()
+
+            owner.start_soon(task)
+            await done.wait()
+    assert owner.reason == "self"
+
+
+async def test_abandoned_operation_is_cancelled() -> None:
+    seen: list[str] = []
+    owner = Lifetime("owner")
+
+    async def op() -> int:
+        try:
+            await trio.sleep_forever()
+        finally:
+            seen.append("cancelled")
+        return 1  # pragma: no cover
+
+    async def dispose(value: int) -> None:
+        seen.append(f"disposed {value}")
+
+    with trio.fail_after(5):
+        async with trio.open_nursery() as long_lived:
+
+            async def waiter() -> None:
+                with pytest.raises(LifetimeClosedError):
+                    await run_abandonable(long_lived, op, dispose=dispose, lifetimes=[owner])
+
+            async with trio.open_nursery() as n:
+                n.start_soon(waiter)
+                await trio.testing.wait_all_tasks_blocked()
+                owner.close("gone")
+    assert seen == ["cancelled"]
+
+
+async def test_keyboard_interrupt_in_an_abandoned_operation_propagates() -> None:
+    release = trio.Event()
+    owner = Lifetime("owner")
+
+    async def op() -> int:
+        with trio.CancelScope(shield=True):
+            await release.wait()
+        raise KeyboardInterrupt
+
+    async def dispose(value: int) -> None:  # pragma: no cover - never called
+        pass
+
+    with pytest.RaisesGroup(KeyboardInterrupt, flatten_subgroups=True):
+        async with trio.open_nursery() as long_lived:
+
+            async def waiter() -> None:
+                with pytest.raises(LifetimeClosedError):
+                    await run_abandonable(long_lived, op, dispose=dispose, lifetimes=[owner])
+
+            async with trio.open_nursery() as n:
+                n.start_soon(waiter)
+                await trio.testing.wait_all_tasks_blocked()
+                owner.close("gone")
+            release.set()
+
+
+async def test_run_bounded_finishes_gives_up_and_keeps_error_types() -> None:
+    from actors import run_bounded
+
+    assert await run_bounded(trio.lowlevel.checkpoint, 1.0)
+    assert not await run_bounded(trio.sleep_forever, 0.02)
+
+    async def fails() -> None:
+        raise KeyError("plain")
+
+    with pytest.raises(KeyError):
+        await run_bounded(fails, 1.0)
+    with trio.CancelScope() as scope:
+        scope.cancel()
+        assert await run_bounded(partial(trio.sleep, 0.01), 1.0, shield=True)
+
+
+async def test_run_bounded_is_not_fooled_by_a_jumping_clock(autojump_clock: trio.testing.MockClock) -> None:
+    import threading
+
+    from actors import run_bounded
+
+    gate = threading.Event()
+    threading.Timer(0.05, gate.set).start()
+    # The clock jumps while the thread blocks; the bound is also wall-clock time.
+    assert await run_bounded(lambda: trio.to_thread.run_sync(gate.wait), 1.0)

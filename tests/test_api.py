@@ -11,7 +11,7 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 
 PUBLIC = {
-    "actors": {"Actor", "ActorRef", "ActorRuntime", "ActorError", "ActorStoppedError", "ActorCrashedError", "LifetimeClosedError", "Lifetime", "Owner", "Rejected", "Supervisor", "bind_all", "run_abandonable"},
+    "actors": {"Actor", "ActorRef", "ActorRuntime", "ActorError", "ActorStoppedError", "ActorCrashedError", "LifetimeClosedError", "Lifetime", "Owner", "Rejected", "ReplyOverdueError", "Supervisor", "bind_all", "run_abandonable", "run_bounded"},
     "harness.runtime": {"open_store", "Store", "StoreActor", "SessionActor", "SessionHandle", "PreparedSession", "Listeners", "check_fork_boundary"},
     "harness.persistence": {"Backend", "CheckpointPolicy", "JsonlBackend", "OsFiles", "Persistence", "SessionPreparation", "SqliteBackend", "StoredLog", "WriterLease", "build_session", "encode_segment", "header_record", "open_persistence", "project_key"},
     "harness.faults": {"FailingFiles", "FaultPoints"},

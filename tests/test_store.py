@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 from typing import Any
 
 import pytest
@@ -41,9 +42,9 @@ async def test_create_get_list_and_minted_ids() -> None:
         a = await store.create()
         b = await store.create("named", cwd="/tmp", agent_preset="p")
         c = await store.create()
-        assert [a.id, c.id] == ["session-1", "session-2"]
+        assert re.fullmatch(r"session-[0-9a-f-]{36}", a.id) and a.id != c.id
         assert b.header.cwd == "/tmp" and b.header.agent_preset == "p" and b.header.created_at == 1000
-        assert [h.id for h in await store.list()] == ["session-1", "named", "session-2"]
+        assert [h.id for h in await store.list()] == [a.id, "named", c.id]
         assert (await store.get("named")) is b
         assert await store.get("nope") is None
         with pytest.raises(SessionAlreadyExistsError) as info:
@@ -53,10 +54,32 @@ async def test_create_get_list_and_minted_ids() -> None:
             await store.create(colour="red")
 
 
-async def test_minting_skips_live_ids() -> None:
+async def test_minted_ids_do_not_repeat_across_stores() -> None:
+    # A per-store counter restarts in every process and collides with what an
+    # earlier run left on disk; minted ids must not.
+    seen: set[str] = set()
+    for _ in range(3):
+        async with open_store() as store:
+            for _ in range(5):
+                seen.add((await store.create()).id)
+                seen.add((await store.fork(await store.create())).id)
+    assert len(seen) == 30
+
+
+async def test_forking_a_crashed_session_is_refused_and_the_store_goes_on() -> None:
+    from harness.errors import ForkSourceNotLiveError
+
     async with open_store() as store:
-        await store.create("session-1")
-        assert (await store.create()).id == "session-2"
+        h = await store.create("src")
+        # Crash the session actor with a bug (a message it does not know).
+        assert h._entry.ref is not None
+        with pytest.raises(TypeError):
+            await h._entry.ref.call(object())
+        with pytest.raises(ForkSourceNotLiveError):
+            await store.fork(h)
+        # The store actor survived: it still serves requests.
+        other = await store.create("other")
+        assert (await store.fork(other)).header.parent_session == "other"
 
 
 async def test_stale_handles_after_detach_and_recreation() -> None:
@@ -327,4 +350,4 @@ async def test_exit_under_error_or_cancellation_leaves_nothing_running(how: str)
         except* LookupError:
             pass
     assert store_box[0].runtime._nursery is None
-    assert all(cell.stopped.is_set() for _, cell, _ in store_box[0].runtime._actors)
+    assert all(cell.stopped.is_set() for cell, _ in store_box[0].runtime._actors.values())

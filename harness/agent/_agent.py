@@ -10,6 +10,7 @@ import attrs
 import orjson
 import trio
 
+from actors import run_bounded
 from harness.agent._provider import (
     Finish,
     ModelProvider,
@@ -61,10 +62,7 @@ class _Step:
         self.reasoning: dict[int, list[str]] = {}
         self.usage: dict[str, int] | None = None
         self.streaming = False
-        self.message_logged = False
         self.calls: list[dict[str, Any]] = []  # {id, name, arguments}
-        self.dispatched: set[str] = set()
-        self.answered: set[str] = set()
 
 
 class Agent:
@@ -88,6 +86,7 @@ class Agent:
         checkpoint: CheckpointPolicy | None = None,
         tool_concurrency: int = 4,
         chunk_batch: int = 32,
+        close_grace: float = 10.0,
     ) -> None:
         if max_tokens is not None and (type(max_tokens) is not int or max_tokens <= 0):
             raise ValueError("agent max_tokens must be a positive integer")
@@ -99,11 +98,13 @@ class Agent:
         self.checkpoint = checkpoint
         self._limiter = trio.CapacityLimiter(tool_concurrency)
         self._chunk_batch = chunk_batch
+        self.close_grace = close_grace
         self._scope: trio.CancelScope | None = None
         self._cause: dict[str, Any] | None = None
         self._idle = trio.Event()
         self._idle.set()
         self._requests = 0
+        self._turn_task: trio.lowlevel.Task | None = None
         self.disposed = False
         self._last_turn = session.last_turn()
 
@@ -122,6 +123,20 @@ class Agent:
         if self._cause is None:
             self._cause = {"kind": kind}
         self._scope.cancel()
+
+    def in_turn(self) -> bool:
+        """Whether the current task is the running turn or one of its children
+        (e.g. a tool body)."""
+        turn_task = self._turn_task
+        if turn_task is None:
+            return False
+        task: trio.lowlevel.Task | None = trio.lowlevel.current_task()
+        while task is not None:
+            if task is turn_task:
+                return True
+            parent = task.parent_nursery
+            task = None if parent is None else parent.parent_task
+        return False
 
     async def wait_idle(self) -> None:
         """Return once no turn is running (always settles).
@@ -146,6 +161,7 @@ class Agent:
             raise AgentBusyError(f'agent "{self.id}" is already running a turn', session_id=self.id)
         self._idle = trio.Event()
         self._cause = None
+        self._turn_task = trio.lowlevel.current_task()
         turn = self._last_turn + 1
         self._last_turn = turn
         try:
@@ -154,6 +170,7 @@ class Agent:
             # Set only after turn/end is logged: whoever waits for idle (dispose) can
             # detach the session knowing the turn is closed.
             self._scope = None
+            self._turn_task = None
             self._idle.set()
 
     async def _turn(self, turn: int, text: str) -> TurnResult:
@@ -177,8 +194,14 @@ class Agent:
                 outcome["error"]["status"] = exc.status
             await self._finish(turn, steps, outcome, committed_stream=False)
             return TurnResult(turn, outcome)
+        except HarnessError as exc:
+            # The runtime refused or failed (a flush, a session no longer live): an
+            # error of the turn, not an abort by anyone.
+            outcome = {"kind": "error", "error": {"message": str(exc), "code": exc.code}}
+            await self._finish(turn, steps, outcome, committed_stream=True)
+            return TurnResult(turn, outcome)
         except BaseException:
-            # The caller was cancelled (or an append failed): the turn still ends.
+            # The caller was cancelled: the turn still ends.
             outcome = {"kind": "aborted", "reason": self._cause or {"kind": "user"}}
             await self._finish(turn, steps, outcome, committed_stream=True)
             raise
@@ -188,8 +211,13 @@ class Agent:
         return TurnResult(turn, outcome)
 
     async def _finish(self, turn: int, steps: list[_Step], outcome: dict[str, Any], *, committed_stream: bool) -> None:
+        """Close the open step and log ``turn/end`` (shielded: a turn is never left
+        without its end while the session is live).
+
+        If the session is no longer live, nothing can be logged: the turn is left
+        open for crash repair to close on the next load, and the error propagates.
+        """
         with trio.CancelScope(shield=True):
-            # Shielded: a turn is never left without its turn/end.
             if outcome["kind"] in ("aborted", "error") and steps:
                 await self._close_step(turn, steps[-1], committed_stream=committed_stream)
             await self.session.append("turn/end", {"turn": turn, "reason": outcome})
@@ -225,7 +253,6 @@ class Agent:
         if step.usage is not None:
             data["usage"] = step.usage
         await s.append("assistant/message", data, surface_op="append")
-        step.message_logged = True
         if step.calls:
             await self._run_tools(turn, step)
             await s.append("step/end", {"turn": turn, "step": step.step})
@@ -307,10 +334,25 @@ class Agent:
             finally:
                 aclose = getattr(agen, "aclose", None)
                 if aclose is not None:
-                    with trio.CancelScope(shield=True):
-                        await aclose()
+                    # Shielded so the provider can release its connection even when
+                    # the turn was cancelled; bounded so a provider that hangs in
+                    # its cleanup cannot hold the turn open forever.
+                    if not await run_bounded(aclose, self.close_grace, shield=True):
+                        log.warning(
+                            'agent "%s": provider %s did not close its stream within %g s',
+                            self.id,
+                            self.provider.name,
+                            self.close_grace,
+                        )
+        except ProviderError:
+            # A failed stream commits nothing more: the chunks still buffered are
+            # dropped (batches logged before the failure stay, log-only), and no
+            # assistant message is built from it (committed_stream=False).
+            pending.clear()
+            raise
         finally:
-            # Chunks that arrived are facts: log them even if the stream was cut.
+            # Chunks that arrived are facts: log them even if the stream was cut
+            # by a cancellation.
             with trio.CancelScope(shield=True):
                 await flush_chunks()
             step.streaming = False
@@ -325,7 +367,6 @@ class Agent:
                 for c in step.calls
             ]
         )
-        step.dispatched.update(c["id"] for c in step.calls)
 
         async def run_one(call: dict[str, Any]) -> None:
             async with self._limiter:
@@ -346,19 +387,42 @@ class Agent:
                         text = f"Error: {exc}"
                         error = {"name": type(exc).__name__, "code": getattr(exc, "code", "TOOL_FAILED")}
                 await s.append("tool/result", _tool_result(turn, step.step, call["id"], text, error), surface_op="append")
-                step.answered.add(call["id"])
+
+        failures: list[HarnessError] = []
+
+        async def guarded(call: dict[str, Any], cancel: trio.CancelScope) -> None:
+            try:
+                await run_one(call)
+            except HarnessError as exc:
+                # The runtime failed under a tool (a flush, a dead session): the
+                # step cannot go on. Stop the siblings and report one typed error,
+                # not an ExceptionGroup.
+                failures.append(exc)
+                cancel.cancel()
 
         async with trio.open_nursery() as nursery:
             for call in step.calls:
-                nursery.start_soon(run_one, call)
+                nursery.start_soon(guarded, call, nursery.cancel_scope)
+        if failures:
+            raise failures[0]
 
     async def _close_step(self, turn: int, step: _Step | None, *, committed_stream: bool) -> None:
-        """Close an interrupted step so the log stays balanced (runs shielded)."""
+        """Close an interrupted step so the log stays balanced (runs shielded).
+
+        What the step already logged is read from the log, not from the step's own
+        bookkeeping: a message whose append was applied but whose reply never came
+        back (``ReplyOverdueError``) is still a fact, and answering a call twice
+        would break the log's invariants.
+        """
         if step is None:
             return
         s = self.session
+        logged = _logged_in_step(s, turn, step.step)
+        if logged is None:
+            return  # the step was closed already
+        message_logged, dispatched, answered = logged
         drafts: list[EventDraft] = []
-        if not step.message_logged and committed_stream:
+        if not message_logged and committed_stream:
             content = [{"type": "reasoning", "text": "".join(v)} for k, v in sorted(step.reasoning.items())]
             content += [{"type": "text", "text": "".join(v)} for k, v in sorted(step.texts.items())]
             content = [b for b in content if b["text"]]
@@ -372,11 +436,11 @@ class Agent:
                 if step.usage is not None:
                     data["usage"] = step.usage
                 drafts.append(EventDraft("assistant/message", data, "append", step.chunk_seqs or None))
-        if step.message_logged:
+        if message_logged:
             for call in step.calls:
-                if call["id"] in step.answered:
+                if call["id"] in answered:
                     continue
-                if call["id"] not in step.dispatched:
+                if call["id"] not in dispatched:
                     drafts.append(
                         EventDraft("tool/call", {"turn": turn, "step": step.step, "callId": call["id"], "name": call["name"], "arguments": call["arguments"]})
                     )
@@ -388,23 +452,35 @@ class Agent:
                 drafts.append(
                     EventDraft("tool/result", _tool_result(turn, step.step, call["id"], text, {"name": "AbortError", "code": code}), "append")
                 )
-        if not _step_closed(s, turn, step.step):
-            drafts.append(EventDraft("step/end", {"turn": turn, "step": step.step}))
-        if drafts:
-            await s.append_batch(drafts)
+        drafts.append(EventDraft("step/end", {"turn": turn, "step": step.step}))
+        await s.append_batch(drafts)
 
 
-def _step_closed(s: SessionHandle, turn: int, step: int) -> bool:
+def _logged_in_step(s: SessionHandle, turn: int, step: int) -> tuple[bool, set[str], set[str]] | None:
+    """What the log holds for the open ``step`` of ``turn``: whether its assistant
+    message is logged, the call ids of its ``tool/call``s and of its ``tool/result``s.
+    ``None`` when that step is not open (closed, or never started)."""
     events = s.events
+    message = False
+    calls: set[str] = set()
+    results: set[str] = set()
     for i in range(len(events) - 1, -1, -1):
         ev = events[i]
-        if ev.type == "step/start":
-            return False
-        if ev.type == "step/end":
-            return True
-        if ev.type == "turn/start":
-            return True  # no step was opened in this turn
-    return True
+        t = ev.type
+        data: Any = ev.data  # shapes the invariants guarantee for these types
+        if t == "step/start":
+            return (message, calls, results) if (data["turn"], data["step"]) == (turn, step) else None
+        if t in ("step/end", "turn/start", "turn/end"):
+            return None
+        if t == "assistant/message":
+            message = True
+        elif t == "tool/call":
+            calls.add(data["callId"])
+        elif t == "tool/result":
+            results.update(
+                b["toolCallId"] for b in data["message"]["content"] if b.get("type") == "tool-result"
+            )
+    return None
 
 
 def _user_message(text: str) -> dict[str, Any]:

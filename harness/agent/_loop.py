@@ -11,7 +11,7 @@ from typing import Any, final
 
 import trio
 
-from actors import Lifetime, LifetimeClosedError, Owner, bind_all, run_abandonable
+from actors import Lifetime, LifetimeClosedError, Owner, bind_all, run_abandonable, run_bounded
 from harness.agent._agent import Agent
 from harness.agent._provider import ModelProvider
 from harness.agent._tools import ToolSet
@@ -62,22 +62,41 @@ class AgentHandle:
         return await self.agent.run_turn(text)
 
     async def dispose(self) -> None:
-        """Cancel the running turn (cause ``disposed``), wait until it has logged its
-        ``turn/end``, detach the agent (``agent/disposed``), then the session
-        (``session/disposed``; persistence retires its writer).
+        """Refuse new turns, cancel the running one (cause ``disposed``), wait until it
+        has logged its ``turn/end``, detach the agent (``agent/disposed``), then the
+        session (``session/disposed``; persistence retires its writer).
 
         Idempotent: every caller, concurrent or later, waits for the same teardown.
         Shielded: a cancelled caller stops waiting, the teardown still completes.
+        The wait for the turn is bounded by the loop's ``dispose_grace`` (an overrun
+        is logged; the session is detached anyway and crash repair closes the turn
+        on its next load).
+
+        Called from inside the agent's own turn (a tool disposing its agent), it
+        cancels the turn and returns at once; the teardown finishes in the loop's
+        nursery once the turn has ended (waiting here would wait for itself).
         """
         if self._disposing:
-            await self._disposed.wait()
+            if not self.agent.in_turn():
+                await self._disposed.wait()
             return
         self._disposing = True
+        self.agent.disposed = True  # before any checkpoint: no new turn can start
+        self.agent.cancel("disposed")
+        if self.agent.in_turn():
+            self._loop._nursery.start_soon(self._teardown, name=f"dispose {self.id}")
+            return
+        await self._teardown()
+
+    async def _teardown(self) -> None:
         try:
             with trio.CancelScope(shield=True):
-                self.agent.cancel("disposed")
-                await self.agent.wait_idle()
-                self.agent.disposed = True
+                if not await run_bounded(self.agent.wait_idle, self._loop.dispose_grace):
+                    log.warning(
+                        'agent "%s": the turn did not end within %g s of dispose; detaching anyway',
+                        self.id,
+                        self._loop.dispose_grace,
+                    )
                 self._loop._unregister(self)
                 await self._loop.store.detach(self.session)
                 if self._watch_scope is not None:
@@ -117,8 +136,10 @@ class AgentLoop:
         checkpoint: bool,
         faults: FaultPoints | None,
         system: str | None,
+        dispose_grace: float = 30.0,
     ) -> None:
         self.store = store
+        self.dispose_grace = dispose_grace
         self.provider = provider
         self.tools = tools or ToolSet()
         self.persistence = persistence
@@ -197,7 +218,14 @@ class AgentLoop:
             await self.faults.point("open.preparing")
             prep = await prepare()
             self.stats["prepared"] += 1
-            await self.faults.point("open.prepare-returned")
+            try:
+                await self.faults.point("open.prepare-returned")
+            except BaseException:
+                # Cancelled (abandoned) after the preparation exists: nobody else
+                # will ever see it, so it is ours to dispose.
+                with trio.CancelScope(shield=True):
+                    await dispose_prep(prep)
+                raise
             return prep
 
         async def dispose_prep(prep: Any) -> None:
@@ -263,6 +291,12 @@ class AgentLoop:
                 if handle is not None:
                     handle.agent.disposed = True
                     self._unregister(handle)
+                if entered is None:
+                    # Reconcile from the store's state, not from the reply: an enter
+                    # whose outcome is unknown (ReplyOverdueError) may have happened.
+                    live = await store.get(session.id)
+                    if live is not None and live._entry.session is session:
+                        entered = live
                 if entered is not None:
                     await store.detach(entered)
             raise

@@ -3,13 +3,22 @@
 from __future__ import annotations
 
 import logging
+import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, final
 
 import trio
 
-from actors import Actor, ActorRef, ActorRuntime, ActorStoppedError, Rejected, Supervisor
+from actors import (
+    Actor,
+    ActorCrashedError,
+    ActorRef,
+    ActorRuntime,
+    ActorStoppedError,
+    Rejected,
+    Supervisor,
+)
 from harness.errors import (
     ForkChildExistsError,
     ForkSourceNotFoundError,
@@ -93,7 +102,6 @@ class StoreActor(Actor[Any]):
     def __init__(self, store: Store) -> None:
         self.store = store
         self.name = "store"
-        self.counter = 0
 
     async def handle(self, message: Any) -> Any:
         t = type(message)
@@ -140,9 +148,11 @@ class StoreActor(Actor[Any]):
     # -- steps ---------------------------------------------------------------------------
 
     def _mint(self) -> str:
+        # Random, not a per-store counter (the reference's ``session-<n>``): a
+        # counter restarts in every process, and its ids collide with the durable
+        # sessions an earlier run left on disk.
         while True:
-            self.counter += 1
-            sid = f"session-{self.counter}"
+            sid = f"session-{uuid.uuid4()}"
             if sid not in self.store._entries:
                 return sid
 
@@ -230,8 +240,11 @@ class StoreActor(Actor[Any]):
         validator = store.validator_factory() if store.validator_factory else None
         try:
             child = await entry.ref.call(ForkPrefix(boundary, header, validator))
-        except ActorStoppedError:
-            raise ForkSourceNotLiveError(f'session "{sid}" is not the live store instance', session_id=sid) from None
+        except (ActorStoppedError, ActorCrashedError) as exc:
+            # A stopped or crashed source is not live; the store itself goes on.
+            raise ForkSourceNotLiveError(
+                f'session "{sid}" is not the live store instance', session_id=sid
+            ) from exc
         prepared = PreparedSession(child)
         handle = self._enter(prepared)
         try:
@@ -299,7 +312,8 @@ class Store:
 
         ``meta``: ``cwd``, ``parent_session``, ``seed_length``, ``origin``,
         ``delegation_depth``, ``agent_preset``, ``created_at``. Without an id one is
-        minted (``session-<n>``). If a ``created`` listener vetoes, the session is
+        minted (``session-<uuid4>``: unique across processes, unlike the reference's
+        per-store counter). If a ``created`` listener vetoes, the session is
         detached (``disposed`` is emitted) and the error propagates.
 
         Cancellation: withdrawn if the store actor has not taken it; else the session
@@ -431,7 +445,7 @@ async def open_store(
     session actors and the store actor in order. Leaving with an error or by
     cancellation cancels the actors; every pending call fails, none hangs.
     """
-    kwargs = {} if supervisor is None else {"supervisor": supervisor}
+    kwargs: dict[str, Any] = {} if supervisor is None else {"supervisor": supervisor}
     async with ActorRuntime(name="store", **kwargs) as runtime:
         store = Store(runtime, clock=clock, validator_factory=validator_factory)
         yield store

@@ -1,0 +1,185 @@
+"""Agent turns under runtime failures and lifecycle races (issue #9 §2.2, §2.7)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+import trio.testing
+
+from actors import Owner
+from harness.agent import Call, Fail, Say, ScriptedProvider, ToolSet, open_agent_loop, tool
+from harness.agent._provider import ProviderError
+from harness.faults import FailingFiles
+from harness.persistence import JsonlBackend, open_persistence
+from harness.runtime import SessionHandle, open_store
+from harness.session import RelationalInvariants, thaw
+
+
+def ends(s: SessionHandle) -> list[Any]:
+    return [thaw(e.data)["reason"] for e in s.events if e.type == "turn/end"]
+
+
+def balanced(s: SessionHandle) -> None:
+    types = [e.type for e in s.events]
+    assert types.count("turn/start") == types.count("turn/end")
+    assert types.count("step/start") == types.count("step/end")
+
+
+async def test_dispose_from_inside_its_own_turn_does_not_deadlock(tmp_path: Path) -> None:
+    box: list[Any] = []
+
+    @tool("quit", "Dispose the agent that runs me")
+    async def quit_tool(args: dict[str, Any]) -> Any:
+        await box[0].dispose()
+        await trio.sleep_forever()  # cancelled by the dispose
+
+    provider = ScriptedProvider([[Call("quit")], [Say("never")]])
+    async with open_store(validator_factory=RelationalInvariants) as store, open_persistence(store, JsonlBackend(tmp_path)) as p:
+        async with open_agent_loop(store, provider=provider, tools=ToolSet([quit_tool]), persistence=p) as loop:
+            async with Owner("app") as owner:
+                h = await loop.create("a", owner=owner)
+                box.append(h)
+                with trio.fail_after(10):
+                    result = await h.run_turn("go")
+                    await h.dispose()  # a later caller waits for the same teardown
+                assert result.reason == {"kind": "aborted", "reason": {"kind": "disposed"}}
+                assert h.disposed and await store.get("a") is None
+                balanced(h.session)
+                tool_results = [thaw(e.data) for e in h.session.events if e.type == "tool/result"]
+                assert [r["error"]["code"] for r in tool_results] == ["TOOL_ABORTED"]
+
+
+async def test_dispose_refuses_turns_started_while_it_waits(tmp_path: Path) -> None:
+    from harness.agent import AgentDisposedError, Delay
+
+    # The late caller wakes in the same scheduler batch as dispose (both wait for the
+    # first turn to end); Trio orders a batch at random, so try several times.
+    provider = ScriptedProvider([[Delay(0.01), Say("slow")]] * 20)
+    async with open_store(validator_factory=RelationalInvariants) as store, open_persistence(store, JsonlBackend(tmp_path)) as p:
+        async with open_agent_loop(store, provider=provider, persistence=p) as loop, Owner("app") as owner:
+            for i in range(10):
+                h = await loop.create(f"a{i}", owner=owner)
+                refused: list[BaseException] = []
+
+                async def late_turn(h: Any = h, refused: list[BaseException] = refused) -> None:
+                    await h.agent.wait_idle()
+                    try:
+                        await h.run_turn("sneaking in")
+                    except AgentDisposedError as exc:
+                        refused.append(exc)
+
+                async with trio.open_nursery() as n:
+                    n.start_soon(h.run_turn, "first")
+                    await trio.sleep(0.001)
+                    n.start_soon(late_turn)
+                    await trio.testing.wait_all_tasks_blocked(0.001)
+                    await h.dispose()
+                assert len(refused) == 1
+                assert ends(h.session) == [{"kind": "aborted", "reason": {"kind": "disposed"}}]
+                balanced(h.session)
+
+
+async def test_a_flush_failure_in_a_turn_is_an_error_not_a_user_abort(tmp_path: Path) -> None:
+    files = FailingFiles()
+    provider = ScriptedProvider([[Say("hello")], [Say("again")]])
+    async with open_store(validator_factory=RelationalInvariants) as store, open_persistence(store, JsonlBackend(tmp_path, files=files)) as p:
+        async with open_agent_loop(store, provider=provider, persistence=p) as loop, Owner("app") as owner:
+            h = await loop.create("a", owner=owner)
+            files.fail_fsyncs = 100  # every checkpoint flush fails from now on
+            result = await h.run_turn("go")
+            assert result.kind == "error"
+            assert result.reason["error"]["code"] == "FLUSH_FAILED"
+            assert ends(h.session)[-1]["kind"] == "error"
+            balanced(h.session)
+            files.fail_fsyncs = 0
+            assert (await h.run_turn("again")).kind == "completed"  # the session goes on
+
+
+async def test_a_runtime_failure_under_a_tool_is_one_typed_error(tmp_path: Path) -> None:
+    files = FailingFiles()
+    provider = ScriptedProvider([[Call("a"), Call("b")], [Say("done")]])
+
+    @tool("a", "first")
+    async def a(args: dict[str, Any]) -> Any:
+        return "a"
+
+    @tool("b", "second")
+    async def b(args: dict[str, Any]) -> Any:
+        return "b"
+
+    async with open_store(validator_factory=RelationalInvariants) as store, open_persistence(store, JsonlBackend(tmp_path, files=files)) as p:
+        async with open_agent_loop(store, provider=provider, tools=ToolSet([a, b]), persistence=p) as loop, Owner("app") as owner:
+            h = await loop.create("a", owner=owner)
+
+            def arm(handle: Any, events: Any) -> None:
+                if any(e.type == "tool/call" for e in events):
+                    files.fail_fsyncs = 100  # the before-tool flushes fail
+
+            store.add_pre_commit_hook(arm)
+            result = await h.run_turn("go")  # returns, no ExceptionGroup
+            assert result.kind == "error" and result.reason["error"]["code"] == "FLUSH_FAILED"
+            balanced(h.session)
+            calls = [thaw(e.data)["callId"] for e in h.session.events if e.type == "tool/call"]
+            results = [thaw(e.data)["message"]["content"][0]["toolCallId"] for e in h.session.events if e.type == "tool/result"]
+            assert sorted(calls) == sorted(results) and len(results) == len(set(results))
+            files.fail_fsyncs = 0
+
+
+async def test_a_failed_stream_commits_no_pending_chunk() -> None:
+    class Boom(ProviderError):
+        code = "BOOM"
+
+    provider = ScriptedProvider([[Say("partial answer"), Fail(Boom("stream broke"))]])
+    async with open_store(validator_factory=RelationalInvariants) as store:
+        from harness.agent import Agent
+
+        s = await store.create()
+        result = await Agent(s, provider).run_turn("go")
+        assert result.kind == "error" and result.reason["error"]["code"] == "BOOM"
+        types = [e.type for e in s.events]
+        assert "assistant/chunk" not in types and "assistant/message" not in types
+        balanced(s)
+
+
+@pytest.mark.parametrize("n", [1])
+async def test_cancelled_turn_never_answers_a_call_twice(n: int, tmp_path: Path) -> None:
+    # Cancel the caller at every scheduler step of a turn with tool calls: every
+    # tool call has exactly one result and the turn is closed.
+    provider_script = [[Call("a"), Call("a")], [Say("ok")]]
+
+    @tool("a", "quick")
+    async def a(args: dict[str, Any]) -> Any:
+        await trio.lowlevel.checkpoint()
+        return "a"
+
+    from harness.agent import Agent
+
+    for k in range(1, 400, 3):
+        async with open_store(validator_factory=RelationalInvariants) as store:
+            s = await store.create()
+            agent = Agent(s, ScriptedProvider(provider_script), ToolSet([a]))
+            with trio.CancelScope() as scope:
+                steps = 0
+
+                class Stepper(trio.abc.Instrument):
+                    def __init__(self, k: int) -> None:
+                        self.k = k
+
+                    def before_task_step(self, task: Any) -> None:
+                        nonlocal steps
+                        steps += 1
+                        if steps == self.k:
+                            scope.cancel()
+
+                inst = Stepper(k)
+                trio.lowlevel.add_instrument(inst)
+                try:
+                    await agent.run_turn("go")
+                finally:
+                    trio.lowlevel.remove_instrument(inst)
+            balanced(s)
+            results = [thaw(e.data)["message"]["content"][0]["toolCallId"] for e in s.events if e.type == "tool/result"]
+            assert len(results) == len(set(results)), (k, results)
