@@ -389,3 +389,35 @@ def test_fold_surface_matches_live_and_reports_replacements() -> None:
     fold = fold_surface(list(s.events))
     assert fold.nodes == tuple(s.surface)
     assert [(r.seq, r.start, r.end, r.shadowed_seqs) for r in fold.replacements] == [(5, 1, 3, (1, 2, 3))]
+
+
+@pytest.mark.parametrize("bad", [2**70, -(2**64), 1.5, "now"])
+def test_a_clock_out_of_range_is_refused_before_anything_changes(bad: Any) -> None:
+    from harness.errors import EventError
+
+    s = Session.create("s1", clock=lambda: 1)
+    s.append("feedback/record", {"a": 1})
+    s._clock = lambda: bad  # type: ignore[method-assign]
+    with pytest.raises(EventError, match=r'session "s1" clock returned'):
+        s.append("feedback/record", {"a": 2})
+    assert len(s.events) == 1 and s.events[-1].seq == 0
+    s._clock = lambda: 2  # type: ignore[method-assign]
+    assert s.append("feedback/record", {"a": 3}).seq == 1
+
+
+async def test_an_out_of_range_clock_never_reaches_the_write_behind(tmp_path: Any) -> None:
+    from harness.errors import EventError
+    from harness.persistence import JsonlBackend, open_persistence
+    from harness.runtime import open_store
+
+    now = [1]
+    async with open_store(clock=lambda: now[0]) as store, open_persistence(store, JsonlBackend(tmp_path)) as p:
+        h = await store.create("c1")
+        await h.append("feedback/record", {"a": 1})
+        now[0] = 2**70
+        with pytest.raises(EventError):
+            await h.append("feedback/record", {"a": 2})
+        now[0] = 2
+        await h.append("feedback/record", {"a": 3})
+        await h.flush()
+        assert p is not None and [e.seq for e in h.events] == [0, 1]

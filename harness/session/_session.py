@@ -585,6 +585,13 @@ class Session:
         """
         base = len(self._events)
         now = self._clock() if time_ms is None else time_ms
+        if type(now) is not int or not -SAFE_INT_MAX <= now <= SAFE_INT_MAX:
+            # Checked here, not at commit: an out-of-range time would otherwise fail
+            # half-way through the commit (or later, in the write-behind encoder).
+            raise EventError(
+                f'session "{self.id}" clock returned {now!r}; an event time must be a '
+                "safe integer of milliseconds"
+            )
         # Replaces need positions that reflect earlier drafts of the batch: they are
         # planned against a private clone. Appends never read surface state.
         needs_clone = len(drafts) > 1 and any(
