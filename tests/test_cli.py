@@ -37,10 +37,10 @@ def test_demo_tells_the_whole_story(tmp_path: Path) -> None:
 
 
 def test_bench_json_has_every_requested_variant() -> None:
-    done = run("bench", "W1", "W2", "W3", "W4", "W5", "W6", "W7", "--n", "2000", "--runs", "1", "--json")
+    done = run("bench", "W1", "W2", "W3", "W4", "W5", "W6", "W7", "W12", "--n", "2000", "--runs", "1", "--json")
     assert done.returncode == 0, done.stderr.decode()
     data = orjson.loads(done.stdout)
-    expected = {"W1", "W1-actor", "W1-actor-batch", "W2", "W2b", "W3", "W4", "W4-snapshot", "W4-disk", "W5-write", "W5-load", "W6", "W7"}
+    expected = {"W1", "W1-actor", "W1-actor-batch", "W2", "W2b", "W3", "W4", "W4-snapshot", "W4-disk", "W5-write", "W5-load", "W6", "W7", "W12"}
     assert set(data) == expected
     for key, value in data.items():
         assert {"median_ms", "floor_ms", "ratio"} <= set(value), key

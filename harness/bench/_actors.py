@@ -1,4 +1,4 @@
-"""Workloads through the actor runtime: W1-actor, W1-actor-batch, W3."""
+"""Workloads through the actor runtime: W1-actor, W1-actor-batch, W3, W12."""
 
 from __future__ import annotations
 
@@ -82,3 +82,28 @@ def w3(n: int, runs: int) -> list[Result]:
 
     samples = iter(trio.run(main))
     return [Result("W3", median_ms(lambda: next(samples), runs), median_ms(floor, runs), {"n": n}, "fork at the last seq")]
+
+
+def w12(n: int, runs: int) -> list[Result]:
+    """Close a store holding many live sessions (issue #9 §2.6: detaching is O(1)).
+
+    ``n // 6`` sessions (16,666 at the default N); the floor is closing a store of
+    1,000 sessions scaled to the same count, measured in the same run, so a ratio
+    near 1 means the cost per detach does not grow with the number of sessions.
+    """
+    many = max(n // 6, 1_000)
+    few = 1_000
+
+    def close(count: int) -> float:
+        async def main() -> float:
+            async with open_store(clock=_clock) as store:
+                for i in range(count):
+                    await store.create(f"s{i}")
+                t0 = time.perf_counter()
+                await store.aclose()
+                return time.perf_counter() - t0
+
+        return trio.run(main)
+
+    floor = median_ms(lambda: close(few) * many / few, runs)
+    return [Result("W12", median_ms(lambda: close(many), runs), floor, {"sessions": many}, "close a store of live sessions")]

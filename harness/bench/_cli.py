@@ -20,6 +20,7 @@ WORKLOADS: dict[str, Workload] = {
     "W5": _disk.w5,
     "W6": _core.w6,
     "W7": _disk.w7,
+    "W12": _actors.w12,
 }
 """Workload ids; each may produce several variants (e.g. W2 -> W2, W2b)."""
 
