@@ -2,7 +2,7 @@
 """Developer entry point that needs nothing but Python 3.11+ and pip.
 
     python3 dev.py demo     # create .venv if needed, then run `harness demo`
-    python3 dev.py test     # create .venv if needed, then ruff, mypy --strict and pytest
+    python3 dev.py test     # create .venv if needed, then ruff, mypy --strict, pytest, harness chaos
     python3 dev.py bench    # `harness bench` with any extra arguments
 
 The virtual environment lives in `.venv/` next to this file and is rebuilt when
@@ -57,6 +57,10 @@ def main(argv: list[str]) -> None:
         _run([str(BIN / "ruff"), "check", "actors", "harness", "tests"])
         _run([str(PY), "-m", "mypy"])
         _run([str(PY), "-m", "pytest", "-q", *rest])
+        # A bounded fault-exploration campaign over every built-in scenario on both
+        # backends (docs/faults.md); it prints the steps explored per scenario and
+        # canceller, and fails on any violation.
+        _run([str(BIN / "harness"), "chaos", "--budget", "ci", "--jobs", "2"])
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""The `harness` command: `harness demo`, `harness bench`."""
+"""The `harness` command: `harness demo`, `harness bench`, `harness chaos`."""
 
 from __future__ import annotations
 
@@ -16,7 +16,15 @@ def main(argv: list[str] | None = None) -> None:
     bench.add_argument("--n", type=int, default=100_000, help="events per workload (default 100000)")
     bench.add_argument("--runs", type=int, default=5, help="runs per workload; the median is reported")
     bench.add_argument("--json", action="store_true", help="print machine-readable JSON")
+    from harness.faults._cli import add_arguments
+
+    chaos = sub.add_parser("chaos", help="explore cancellations, I/O failures and crashes over built-in scenarios")
+    add_arguments(chaos)
     args = parser.parse_args(argv)
+    if args.command == "chaos":
+        from harness.faults._cli import main as chaos_main
+
+        sys.exit(chaos_main(args))
     if args.command == "bench":
         from harness.bench import run_bench
 

@@ -205,6 +205,43 @@ class StorageIOError(PersistenceError):
     code = "STORAGE_IO"
 
 
+class LeaseLostError(SessionLockedError):
+    """This writer's lease was taken over (expired, or its holder looked dead): the
+    write was refused and nothing of it landed. ``holder`` describes the new holder."""
+
+    code = "LEASE_LOST"
+
+
+class SessionIdInUseError(SessionLogExistsError, SessionAlreadyExistsError):
+    """A new session's id already names a stored session elsewhere under the same
+    store root (another project directory). ``path`` is the existing log."""
+
+    code = "SESSION_ALREADY_EXISTS"
+
+    def __init__(self, message: str, *, session_id: str | None = None, path: str | None = None) -> None:
+        super().__init__(message, session_id=session_id)
+        self.path = path
+
+
+class RecordEncodingError(PersistenceError):
+    """A buffered event cannot be encoded for storage (e.g. an integer beyond 64 bits)."""
+
+    code = "RECORD_NOT_ENCODABLE"
+
+
+class WriterWedgedError(FlushError):
+    """A durable write overran its time bound: whether it landed is unknown, so the
+    writer fails closed (every later flush raises this)."""
+
+    code = "WRITER_WEDGED"
+
+
+class PreparationDisposedError(PersistenceError):
+    """A disposed :class:`SessionPreparation` was published (it no longer holds the lock)."""
+
+    code = "PREPARATION_DISPOSED"
+
+
 __all__ = [
     "EventError",
     "FlushError",
@@ -216,10 +253,13 @@ __all__ = [
     "HeaderError",
     "InvalidBoundaryError",
     "InvariantError",
+    "LeaseLostError",
     "NotJsonError",
     "OpenTurnError",
     "PersistedSessionNotFoundError",
     "PersistenceError",
+    "PreparationDisposedError",
+    "RecordEncodingError",
     "ReentrantAppendError",
     "SessionAlreadyAnnouncedError",
     "SessionAlreadyExistsError",
@@ -227,6 +267,7 @@ __all__ = [
     "SessionCorruptionError",
     "SessionError",
     "SessionFormatUnsupportedError",
+    "SessionIdInUseError",
     "SessionLiveError",
     "SessionLockedError",
     "SessionLogExistsError",
@@ -237,4 +278,5 @@ __all__ = [
     "StoreError",
     "SurfaceChangedError",
     "SurfaceError",
+    "WriterWedgedError",
 ]

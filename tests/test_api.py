@@ -14,7 +14,14 @@ PUBLIC = {
     "actors": {"Actor", "ActorRef", "ActorRuntime", "ActorError", "ActorStoppedError", "ActorCrashedError", "LifetimeClosedError", "Lifetime", "Owner", "Rejected", "ReplyOverdueError", "Supervisor", "bind_all", "run_abandonable", "run_bounded"},
     "harness.runtime": {"open_store", "Store", "StoreActor", "SessionActor", "SessionHandle", "PreparedSession", "Listeners", "check_fork_boundary"},
     "harness.persistence": {"Backend", "CheckpointPolicy", "JsonlBackend", "OsFiles", "Persistence", "SessionPreparation", "SqliteBackend", "StoredLog", "WriterLease", "build_session", "encode_segment", "header_record", "open_persistence", "project_key"},
-    "harness.faults": {"FailingFiles", "FaultPoints"},
+    "harness.faults": {
+        "LIBRARY_ERRORS", "MUTATING_KINDS", "POWER_LOSS_KINDS", "Attempt", "ExploreReport", "Probe", "ReplayKey",
+        "Scenario", "ScenarioError", "ScenarioFn", "Settings", "TaskInfo", "Violation", "builtin_scenarios",
+        "check_at_rest", "check_durable", "check_log", "check_no_tasks_left", "check_preparations", "check_stored",
+        "check_writer_locks", "explore", "explore_crash", "explore_io", "kill_campaign", "make_backend",
+        "plain_backend", "replay", "step_plan", "track_session", "FailingFiles", "FaultPoints", "FaultyFiles",
+        "PowerLossFiles", "SimulatedCrash", "SqliteFaults",
+    },
 }
 
 

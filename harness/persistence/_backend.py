@@ -28,10 +28,16 @@ class StoredLog:
 
 
 class WriterLease:
-    """Proof of being the one live writer of a session. ``release`` is idempotent."""
+    """Proof of being the one live writer of a session. ``release`` is idempotent.
+
+    A lease that can expire (SQLite) is renewed by every write through it and, while
+    its holder is idle, by its backend; :meth:`renew` renews it explicitly."""
 
     def release(self) -> None:  # pragma: no cover - interface
         raise NotImplementedError
+
+    def renew(self) -> None:
+        """Extend the lease (blocking). Raises ``LeaseLostError`` if it was taken over."""
 
 
 class Backend(Protocol):
@@ -40,6 +46,12 @@ class Backend(Protocol):
     Every backend passes ``tests/test_backends.py``: headers-only listing, load with
     the torn-tail rule, atomic first write, whole-batch appends, repair, delete, a
     revision that changes on every write, and one writer per session.
+
+    Writes take the caller's ``lease`` (``None``: the caller holds none): a backend
+    whose leases can be taken over (SQLite) checks it in the same transaction as the
+    write and refuses a lost one with ``LeaseLostError``; JSONL relies on its ``flock``.
+    ``lock_held`` probes, from a fresh descriptor or connection, whether some writer
+    holds the session (for invariant checks; works within one process).
     """
 
     name: str
@@ -50,15 +62,26 @@ class Backend(Protocol):
 
     def revision(self, session_id: str) -> str | None: ...
 
-    def materialize(self, header: dict[str, Any], records: list[dict[str, Any]]) -> None: ...
+    def materialize(
+        self, header: dict[str, Any], records: list[dict[str, Any]], *, lease: WriterLease | None = None
+    ) -> None: ...
 
-    def append(self, session_id: str, records: list[dict[str, Any]]) -> None: ...
+    def append(self, session_id: str, records: list[dict[str, Any]], *, lease: WriterLease | None = None) -> None: ...
 
-    def commit_repair(self, session_id: str, truncate_to: int | None, records: list[dict[str, Any]]) -> None: ...
+    def commit_repair(
+        self,
+        session_id: str,
+        truncate_to: int | None,
+        records: list[dict[str, Any]],
+        *,
+        lease: WriterLease | None = None,
+    ) -> None: ...
 
     def delete(self, session_id: str) -> None: ...
 
     def acquire_writer(self, header: dict[str, Any]) -> WriterLease: ...
+
+    def lock_held(self, header: dict[str, Any]) -> bool: ...
 
 
 def header_record(header: dict[str, Any]) -> dict[str, Any]:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import logging
+import weakref
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from itertools import repeat
@@ -13,13 +15,21 @@ import trio
 from harness.errors import (
     HarnessError,
     PersistenceError,
+    PreparationDisposedError,
     SessionCorruptionError,
     SessionFormatUnsupportedError,
     SessionLiveError,
     SessionLockedError,
+    SessionNotLiveError,
 )
 from harness.persistence._backend import Backend, StoredLog, WriterLease
-from harness.persistence._writer import SessionWriter
+from harness.persistence._writer import (
+    Leftover,
+    SessionWriter,
+    WaitOverrun,
+    retry_leftover,
+    run_storage_call,
+)
 from harness.runtime import SessionHandle, Store
 from harness.session import (
     KNOWN_EVENT_TYPES,
@@ -65,19 +75,27 @@ class SessionPreparation:
         return lease
 
     async def dispose(self) -> None:
-        """Release the writer lock (unless published). Idempotent; shielded: a
-        cancelled caller still leaves the lock released."""
+        """Release the writer lock (unless published). Idempotent; shielded (and
+        bounded by ``WRITE_WAIT_LIMIT``): a cancelled caller still leaves the lock
+        released. A disposed preparation can no longer be published."""
         if self.disposed:
             await self._released.wait()
             return
         self.disposed = True
-        if self._persistence._reserved.get(self.id) is self:
-            del self._persistence._reserved[self.id]
+        persistence = self._persistence
+        if persistence._reserved.get(self.id) is self:
+            del persistence._reserved[self.id]
+        if not self.published:
+            # Remembered while this preparation lives, so that the store's created
+            # listener refuses its session too (not only publish()).
+            persistence._disposed[id(self.session)] = self
         lease, self._lease = self._lease, None
         try:
             if lease is not None:
-                with trio.CancelScope(shield=True):
-                    await trio.to_thread.run_sync(lease.release)
+                try:
+                    await run_storage_call(lease.release)
+                except WaitOverrun:
+                    log.warning('session "%s": releasing the preparation\'s lock overran its bound', self.id)
         finally:
             self._released.set()
 
@@ -98,8 +116,16 @@ class Persistence:
         self._delay = write_delay
         self._writers: dict[str, SessionWriter] = {}
         self._reserved: dict[str, SessionPreparation] = {}
+        # id(session) -> its disposed preparation; weak: the entry lives exactly as
+        # long as the preparation (and so its session), so ids cannot be reused.
+        self._disposed: weakref.WeakValueDictionary[int, SessionPreparation] = weakref.WeakValueDictionary()
         self._retiring: set[SessionWriter] = set()
-        self._retirements: dict[str, tuple[SessionWriter, trio.Event]] = {}
+        # Failed retirements: only what a retry needs (not the session).
+        self._leftovers: list[Leftover] = []
+        # Retirement failures nothing can retry (a wedged write): reported by aclose.
+        self._unrecoverable: list[BaseException] = []
+        # id -> every incarnation still retiring, oldest first.
+        self._retirements: dict[str, list[tuple[SessionWriter, trio.Event]]] = {}
         self._unsubscribe = [
             store.on_created(self._on_created),
             store.on_event(self._on_event),
@@ -114,6 +140,13 @@ class Persistence:
         writer = self._writers.get(handle.id)
         if writer is not None and writer.session is session:
             return writer
+        disposed = self._disposed.get(id(session))
+        if disposed is not None and disposed.session is session:
+            raise PreparationDisposedError(
+                f'cannot publish session "{handle.id}": its preparation was disposed (its lock is released; '
+                "prepare the session again)",
+                session_id=handle.id,
+            )
         reserved = self._reserved.get(handle.id)
         if reserved is not None:
             if reserved.session is not session:
@@ -145,6 +178,19 @@ class Persistence:
         self._writer_for(handle).enqueue(event)
 
     async def _on_flush(self, handle: SessionHandle) -> None:
+        """The durability barrier for a live session. A session that is no longer live
+        (detached while the flush was on its way) is flushed through its retiring
+        writer if it has one, and refused otherwise: never build a writer for a dead
+        session (it would take the lock and keep it)."""
+        if not handle.alive:
+            session = handle._entry.session
+            retiring = next(
+                (w for w, _ in self._retirements.get(handle.id, ()) if w.session is session), None
+            )
+            if retiring is None:
+                raise SessionNotLiveError(f'session "{handle.id}" is not live in this store', session_id=handle.id)
+            await retiring.flush()
+            return
         writer = self._writer_for(handle)
         writer.catch_up()
         await writer.flush()
@@ -156,21 +202,37 @@ class Persistence:
         del self._writers[handle.id]
         self._retiring.add(writer)
         done = trio.Event()
-        self._retirements[handle.id] = (writer, done)
+        self._retirements.setdefault(handle.id, []).append((writer, done))
         self._nursery.start_soon(self._retire, writer, done)
 
     async def _retire(self, writer: SessionWriter, done: trio.Event) -> None:
+        """Background retirement. Never raises into the nursery: a failure is logged
+        and only what a retry needs is kept (retried by :meth:`aclose`)."""
         try:
             await writer.retire()
-        except HarnessError as exc:
+        except Exception as exc:
             log.warning('%s: session "%s" retirement failed: %s', self.backend.name, writer.id, exc)
-        else:
-            self._retiring.discard(writer)
+            if writer.pending and writer.wedged is None:
+                self._leftovers.append(writer.leftover())
+            elif writer.pending:
+                # A fresh error, not ``exc``: its traceback would pin the writer's
+                # frames, and with them the session, until aclose.
+                self._unrecoverable.append(
+                    PersistenceError(f'{self.backend.name}: session "{writer.id}": {exc}', session_id=writer.id)
+                )
+                log.error(
+                    '%s: session "%s": %d event(s) of a wedged write are dropped (state unknown)',
+                    self.backend.name,
+                    writer.id,
+                    len(writer.pending),
+                )
         finally:
+            self._retiring.discard(writer)  # the writer (and its session) can go now
             done.set()
-            current = self._retirements.get(writer.id)
-            if current is not None and current[1] is done:
-                del self._retirements[writer.id]
+            entries = self._retirements.get(writer.id, [])
+            entries[:] = [e for e in entries if e[1] is not done]
+            if not entries:
+                self._retirements.pop(writer.id, None)
 
     async def wait_retired(self, session_id: str) -> None:
         """Wait until the disposed incarnation of ``session_id`` (if any) has written its
@@ -186,10 +248,19 @@ class Persistence:
         await self._wait_retired(session_id)
 
     async def _wait_retired(self, session_id: str, me: SessionWriter | None = None) -> None:
-        """Wait until an earlier incarnation of this id has released its writer lock
-        (never for ``me``: a retiring writer still writes its last batch)."""
-        while (entry := self._retirements.get(session_id)) is not None and entry[0] is not me:
-            await entry[1].wait()
+        """Wait until every earlier incarnation of this id has released its writer lock
+        (all of them, oldest first; never ``me`` or later: a retiring writer still
+        writes its last batch, and waiting for a later one would deadlock)."""
+        while True:
+            earlier: list[trio.Event] = []
+            for writer, done in self._retirements.get(session_id, ()):
+                if writer is me:
+                    break
+                earlier.append(done)
+            if not earlier:
+                return
+            for done in earlier:
+                await done.wait()
 
     # -- the load path -----------------------------------------------------------------
 
@@ -238,7 +309,7 @@ class Persistence:
                 stored = self.backend.load(session_id)  # written meanwhile: read it again
             records, closers = self._check_and_repair(session_id, stored)
             if stored.truncate_to is not None or closers:
-                self.backend.commit_repair(session_id, stored.truncate_to, closers)
+                self.backend.commit_repair(session_id, stored.truncate_to, closers, lease=lease)
             records.extend(closers)
             session = build_session(session_id, stored.header, records)
             cursor = len(records)
@@ -332,7 +403,16 @@ class Persistence:
 
         Cancellation: any step may be cancelled; the unwinding (detach, dispose) is
         shielded, so a cancelled caller leaves nothing half-published.
+
+        Raises :class:`PreparationDisposedError` for a disposed preparation (it no
+        longer holds the lock: publishing it would write without one).
         """
+        if prep.disposed or prep.published:
+            raise PreparationDisposedError(
+                f'cannot publish session "{prep.id}": its preparation was '
+                f"{'disposed' if prep.disposed else 'already published'}",
+                session_id=prep.id,
+            )
         try:
             prepared = await self.store.adopt(prep.session)
             handle = await self.store.enter(prepared)
@@ -359,10 +439,19 @@ class Persistence:
         for writer in [*self._writers.values(), *self._retiring]:
             try:
                 await writer.retire()
-            except HarnessError as exc:
+            except Exception as exc:
                 errors.append(exc)
         self._writers.clear()
         self._retiring.clear()
+        errors.extend(self._unrecoverable)
+        self._unrecoverable = []
+        leftovers, self._leftovers = self._leftovers, []
+        for leftover in leftovers:
+            try:
+                await run_storage_call(functools.partial(retry_leftover, self.backend, leftover))
+            except Exception as exc:
+                log.warning('%s: retrying the retirement of session "%s" failed: %s', self.backend.name, leftover.id, exc)
+                errors.append(exc)
         for prep in list(self._reserved.values()):
             await prep.dispose()
         if errors:

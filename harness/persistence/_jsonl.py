@@ -13,6 +13,7 @@ import os
 import secrets
 import socket
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Final
 
@@ -20,7 +21,9 @@ import orjson
 
 from harness.errors import (
     PersistedSessionNotFoundError,
+    RecordEncodingError,
     SessionCorruptionError,
+    SessionIdInUseError,
     SessionLockedError,
     SessionLogExistsError,
     StorageIOError,
@@ -33,6 +36,8 @@ from harness.session._chunks import ROW_TAGS
 
 TRANSCRIPT: Final = "session.jsonl"
 LOCKFILE: Final = "writer.lock"
+ROOT_LOCKFILE: Final = ".root.lock"  # not a directory: listing and lookup skip it
+ROOT_LOCK_TIMEOUT: Final = 10.0
 _SAFE: Final = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-")
 
 
@@ -85,7 +90,15 @@ class JsonlBackend:
     overwrite, fsync of the directory); later writes are whole batches followed by
     fsync, rolled back by truncation if the write or the fsync fails. One live writer
     per session across processes: :meth:`acquire_writer` takes an exclusive ``flock``
-    on ``writer.lock`` in the session directory (released by the OS if the process dies).
+    on ``writer.lock`` in the session directory (released by the OS if the process dies;
+    never unlinked, so every process locks the same inode). One id per root: a first
+    write checks, under the ``flock`` on ``<root>/.root.lock``, that no project
+    directory holds the id yet.
+
+    Every mutating file operation goes through ``files`` (see :mod:`._files`); reads
+    are direct. A failed rollback or a failed directory fsync is remembered by this
+    instance and settled by its next write to that session (see :meth:`append`,
+    :meth:`materialize`).
     """
 
     name = "jsonl"
@@ -95,6 +108,11 @@ class JsonlBackend:
         self.files = files or OsFiles()
         self.pack_chunks = pack_chunks
         self._paths: dict[str, Path] = {}
+        # id -> known-good size: a failed rollback left bytes after it (see append)
+        self._torn: dict[str, int] = {}
+        # id -> (path, inode, records): linked, but the directory fsync failed
+        self._unsynced_links: dict[str, tuple[Path, int, int]] = {}
+        self._dirs_to_sync: set[Path] = set()
 
     # -- layout --------------------------------------------------------------------------
 
@@ -212,54 +230,119 @@ class JsonlBackend:
 
     # -- writing ---------------------------------------------------------------------------
 
-    def _encode(self, records: list[dict[str, Any]]) -> bytes:
-        rows = pack_chunk_runs(records) if self.pack_chunks else records
+    def _encode(self, session_id: str, records: list[dict[str, Any]]) -> bytes:
+        """The batch as JSONL bytes, or :class:`RecordEncodingError` naming the first
+        record that cannot be stored (never a raw ``TypeError`` from orjson)."""
         dumps = orjson.dumps
-        return b"".join(dumps(r) + b"\n" for r in rows)
+        try:
+            rows = pack_chunk_runs(records) if self.pack_chunks else records
+            return b"".join(dumps(r) + b"\n" for r in rows)
+        except (TypeError, ValueError) as exc:  # orjson.JSONEncodeError is a TypeError
+            raise _encoding_error(session_id, records, exc) from exc
 
-    def materialize(self, header: dict[str, Any], records: list[dict[str, Any]]) -> None:
-        """First write: header + first batch become visible atomically; never overwrites."""
+    def materialize(
+        self, header: dict[str, Any], records: list[dict[str, Any]], *, lease: WriterLease | None = None
+    ) -> None:
+        """First write: header + first batch become visible atomically; never overwrites.
+
+        The id must be new under the whole root (any project directory): checked under
+        the root lock, so two processes cannot both create it. A retry after a failed
+        directory fsync recognises the log this backend linked itself and completes it.
+        ``lease`` is accepted for protocol symmetry (the ``flock`` is the exclusion).
+        """
         sid = header["id"]
         sdir = self.session_dir(header)
         final = sdir / TRANSCRIPT
+        payload = header_line(header) + self._encode(sid, records)
         try:
             self._makedirs(sdir)
-            if final.exists():
+            with self._root_lock(sid):
+                if self._finish_unsynced_link(sid, header, final, records):
+                    return
+                self._refuse_existing(sid, final)
+                self._link_new(sid, sdir, final, payload, len(records))
+        except OSError as exc:
+            raise StorageIOError(f'writing session "{sid}" to "{final}" failed: {exc}', session_id=sid) from exc
+        self._paths[sid] = final
+
+    def _refuse_existing(self, sid: str, final: Path) -> None:
+        for path in self._transcripts(sid):
+            if path == final:
                 raise SessionLogExistsError(
                     f'refusing to materialize "{sid}": a log already exists on disk (load/resume it instead)',
                     session_id=sid,
                 )
-            tmp = sdir / f"{TRANSCRIPT}.{secrets.token_hex(6)}.tmp"
-            fd = self.files.open(str(tmp), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            try:
-                try:
-                    self.files.write(fd, header_line(header) + self._encode(records))
-                    self.files.fsync(fd)
-                finally:
-                    self.files.close(fd)
-                try:
-                    self.files.link(str(tmp), str(final))
-                except FileExistsError:
-                    raise SessionLogExistsError(
-                        f'refusing to materialize "{sid}": a log already exists on disk (load/resume it instead)',
-                        session_id=sid,
-                    ) from None
-                self.files.fsync_dir(str(sdir))
-            finally:
-                with contextlib.suppress(OSError):
-                    os.unlink(tmp)
-        except OSError as exc:
-            raise StorageIOError(f'writing session "{sid}" failed: {exc}', session_id=sid) from exc
-        self._paths[sid] = final
+            raise SessionIdInUseError(
+                f'refusing to materialize "{sid}" at "{final}": a session with this id already exists '
+                f'at "{path}" (ids are unique under a store root; load/resume it or choose another id)',
+                session_id=sid,
+                path=str(path),
+            )
 
-    def append(self, session_id: str, records: list[dict[str, Any]]) -> None:
-        """Append one batch and fsync; on failure truncate back and re-raise."""
+    def _link_new(self, sid: str, sdir: Path, final: Path, payload: bytes, n_records: int) -> None:
+        tmp = sdir / f"{TRANSCRIPT}.{secrets.token_hex(6)}.tmp"
+        fd = self.files.open(str(tmp), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            try:
+                self.files.write(fd, payload)
+                self.files.fsync(fd)
+            finally:
+                self.files.close(fd)
+            try:
+                self.files.link(str(tmp), str(final))
+            except FileExistsError:
+                raise SessionLogExistsError(
+                    f'refusing to materialize "{sid}": a log already exists on disk (load/resume it instead)',
+                    session_id=sid,
+                ) from None
+            # From here the log is ours even if the directory fsync fails: remember it,
+            # so that the retry finishes the job instead of refusing "our" file.
+            self._unsynced_links[sid] = (final, os.stat(final).st_ino, n_records)
+            self.files.fsync_dir(str(sdir))
+            del self._unsynced_links[sid]
+        finally:
+            with contextlib.suppress(OSError):
+                self.files.unlink(str(tmp))
+
+    def _finish_unsynced_link(
+        self, sid: str, header: dict[str, Any], final: Path, records: list[dict[str, Any]]
+    ) -> bool:
+        """Complete a first write whose link landed but whose directory fsync failed:
+        if ``final`` is still the inode we linked and holds exactly the header and the
+        first ``n`` records of this (retried) batch, fsync the directory again and
+        append the rest. False if there is no such write to complete."""
+        entry = self._unsynced_links.get(sid)
+        if entry is None:
+            return False
+        path, ino, n = entry
+        try:
+            same = path == final and final.stat().st_ino == ino and len(records) >= n
+        except FileNotFoundError:
+            same = False
+        expected = header_line(header) + self._encode(sid, records[:n]) if same else b""
+        if not same or final.read_bytes() != expected:
+            del self._unsynced_links[sid]  # not ours any more: the normal refusal applies
+            return False
+        self.files.fsync_dir(str(final.parent))
+        del self._unsynced_links[sid]
+        self._paths[sid] = final
+        if len(records) > n:
+            self._append_bytes(sid, final, self._encode(sid, records[n:]))
+        return True
+
+    def append(self, session_id: str, records: list[dict[str, Any]], *, lease: WriterLease | None = None) -> None:
+        """Append one batch and fsync; on failure truncate back and raise.
+
+        If a rollback itself failed earlier, the torn bytes it left are truncated (and
+        fsynced) first; while that fails, appends fail closed rather than land behind
+        garbage that a later load would cut off as a torn tail.
+        """
         if not records:
             return
         path = self.locate(session_id)
         if path is None:
             raise PersistedSessionNotFoundError(f'session "{session_id}" not found', session_id=session_id)
-        self._append_bytes(session_id, path, self._encode(records))
+        self._append_bytes(session_id, path, self._encode(session_id, records))
 
     def _append_bytes(self, session_id: str, path: Path, payload: bytes) -> None:
         try:
@@ -267,7 +350,7 @@ class JsonlBackend:
         except OSError as exc:
             raise StorageIOError(f'opening session "{session_id}" failed: {exc}', session_id=session_id) from exc
         try:
-            size = os.fstat(fd).st_size
+            size = self._settle_torn_tail(session_id, path, fd)
             try:
                 self.files.write(fd, payload)
                 self.files.fsync(fd)
@@ -276,17 +359,49 @@ class JsonlBackend:
                     self.files.ftruncate(fd, size)
                     self.files.fsync(fd)
                 except OSError as rollback:
+                    # Bytes of the failed batch may still be on disk: no append may
+                    # land behind them until a truncate to ``size`` succeeds.
+                    self._torn[session_id] = size
                     raise StorageIOError(
-                        f'failed to roll back append to "{path}": {exc}; rollback: {rollback}',
+                        f'failed to roll back append to "{path}": {exc}; rollback: {rollback} '
+                        f"(later appends truncate back to byte {size} first)",
                         session_id=session_id,
                     ) from exc
                 raise StorageIOError(
                     f'appending to session "{session_id}" failed (rolled back): {exc}', session_id=session_id
                 ) from exc
         finally:
-            self.files.close(fd)
+            with contextlib.suppress(OSError):
+                self.files.close(fd)
 
-    def commit_repair(self, session_id: str, truncate_to: int | None, records: list[dict[str, Any]]) -> None:
+    def _settle_torn_tail(self, session_id: str, path: Path, fd: int) -> int:
+        """The size to append at: the file's size, after truncating the bytes a failed
+        rollback left behind (if any). Raises (fail closed) if that truncate fails."""
+        size = os.fstat(fd).st_size
+        good = self._torn.get(session_id)
+        if good is None:
+            return size
+        try:
+            if size > good:
+                self.files.ftruncate(fd, good)
+            self.files.fsync(fd)
+        except OSError as exc:
+            raise StorageIOError(
+                f'session "{session_id}": {size - good} byte(s) of a failed append after byte {good} of '
+                f'"{path}" could not be truncated ({exc}); refusing to append behind them',
+                session_id=session_id,
+            ) from exc
+        del self._torn[session_id]
+        return min(size, good)
+
+    def commit_repair(
+        self,
+        session_id: str,
+        truncate_to: int | None,
+        records: list[dict[str, Any]],
+        *,
+        lease: WriterLease | None = None,
+    ) -> None:
         """Truncate a torn tail (fsync), then append the closers as one batch.
 
         Two durable steps, not atomic: a crash between them just re-repairs next time.
@@ -294,6 +409,7 @@ class JsonlBackend:
         path = self.locate(session_id)
         if path is None:
             raise PersistedSessionNotFoundError(f'session "{session_id}" not found', session_id=session_id)
+        payload = self._encode(session_id, records) if records else b""
         if truncate_to is not None:
             try:
                 fd = self.files.open(str(path), os.O_WRONLY)
@@ -301,25 +417,37 @@ class JsonlBackend:
                     self.files.ftruncate(fd, truncate_to)
                     self.files.fsync(fd)
                 finally:
-                    self.files.close(fd)
+                    with contextlib.suppress(OSError):
+                        self.files.close(fd)
             except OSError as exc:
                 raise StorageIOError(f'repairing session "{session_id}" failed: {exc}', session_id=session_id) from exc
-        if records:
-            self._append_bytes(session_id, path, self._encode(records))
+            good = self._torn.get(session_id)
+            if good is not None and truncate_to <= good:
+                del self._torn[session_id]  # the repair cut the failed append's bytes too
+        if payload:
+            self._append_bytes(session_id, path, payload)
 
     def delete(self, session_id: str) -> None:
+        """Remove the log (durably: the directory is fsynced).
+
+        The session directory and its ``writer.lock`` stay: unlinking a lock file that
+        another process may have open would let two processes lock two inodes."""
         path = self.locate(session_id)
         if path is None:
             raise PersistedSessionNotFoundError(f'session "{session_id}" not found', session_id=session_id)
-        path.unlink()
-        self._paths.pop(session_id, None)
-        lock = path.parent / LOCKFILE
-        with contextlib.suppress(OSError):
-            lock.unlink()
-        with contextlib.suppress(OSError):
-            path.parent.rmdir()
+        try:
+            self.files.unlink(str(path))
+            self._paths.pop(session_id, None)
+            self._unsynced_links.pop(session_id, None)
+            self._torn.pop(session_id, None)
+            self.files.fsync_dir(str(path.parent))
+        except OSError as exc:
+            raise StorageIOError(f'deleting session "{session_id}" failed: {exc}', session_id=session_id) from exc
 
     def _makedirs(self, sdir: Path) -> None:
+        """Create ``sdir`` and its missing parents, fsyncing each parent. A parent whose
+        fsync failed is fsynced again by the next call (its entry is not durable yet,
+        even though the directory exists)."""
         missing = []
         p = sdir
         while not p.exists():
@@ -327,51 +455,135 @@ class JsonlBackend:
             p = p.parent
         for d in reversed(missing):
             with contextlib.suppress(FileExistsError):
-                os.mkdir(d, 0o700)
-            self.files.fsync_dir(str(d.parent))
+                self.files.mkdir(str(d), 0o700)
+            self._dirs_to_sync.add(d.parent)
+        for parent in sorted(self._dirs_to_sync, key=lambda d: len(d.parts)):
+            self.files.fsync_dir(str(parent))
+            self._dirs_to_sync.discard(parent)
+
+    @contextlib.contextmanager
+    def _root_lock(self, session_id: str) -> Iterator[None]:
+        """Hold ``<root>/.root.lock`` (``flock``) for a check-then-create across the root.
+
+        Waits (on this worker thread) up to :data:`ROOT_LOCK_TIMEOUT` seconds: the
+        critical sections are one scan plus one small first write."""
+        fd = self.files.open(str(self.root / ROOT_LOCKFILE), os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            deadline = time.monotonic() + ROOT_LOCK_TIMEOUT
+            while True:
+                try:
+                    self.files.lock(fd)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() > deadline:
+                        raise StorageIOError(
+                            f'creating session "{session_id}": the store root lock "{self.root / ROOT_LOCKFILE}" '
+                            f"stayed busy for {ROOT_LOCK_TIMEOUT} s",
+                            session_id=session_id,
+                        ) from None
+                    time.sleep(0.002)
+            yield
+        finally:
+            with contextlib.suppress(OSError):
+                self.files.close(fd)  # closing drops the flock
+
+    def _transcripts(self, session_id: str) -> list[Path]:
+        if not self.root.is_dir():
+            return []
+        seg = encode_segment(session_id)
+        return sorted(p / seg / TRANSCRIPT for p in self.root.iterdir() if (p / seg / TRANSCRIPT).is_file())
 
     # -- one writer per session ----------------------------------------------------------
 
+    def _lock_dir(self, header: dict[str, Any]) -> Path:
+        existing = self.locate(header["id"])
+        return existing.parent if existing is not None else self.session_dir(header)
+
     def acquire_writer(self, header: dict[str, Any]) -> WriterLease:
         """Take the session's writer lock at once, or raise :class:`SessionLockedError`
-        naming the holder. Creates the session directory (not the transcript)."""
+        naming the holder. Creates the session directory (not the transcript). The lock
+        file's descriptor is closed on every failure path."""
         sid = header["id"]
-        existing = self.locate(sid)
-        sdir = existing.parent if existing is not None else self.session_dir(header)
+        sdir = self._lock_dir(header)
+        fd: int | None = None
         try:
             self._makedirs(sdir)
-            fd = os.open(sdir / LOCKFILE, os.O_RDWR | os.O_CREAT, 0o600)
+            fd = self.files.open(str(sdir / LOCKFILE), os.O_RDWR | os.O_CREAT, 0o600)
+            try:
+                self.files.lock(fd)
+            except BlockingIOError:
+                try:
+                    holder: Any = orjson.loads(os.pread(fd, 4096, 0) or b"null")
+                except orjson.JSONDecodeError:
+                    holder = None
+                raise SessionLockedError(
+                    f'session "{sid}" is already open for writing by {_describe_holder(holder)}',
+                    session_id=sid,
+                    holder=holder,
+                ) from None
+            info = orjson.dumps({"pid": os.getpid(), "host": socket.gethostname(), "since": int(time.time() * 1000)})
+            self.files.ftruncate(fd, 0)
+            self.files.write(fd, info)  # a fresh descriptor: at offset 0
+            lease, fd = _FlockLease(self.files, fd), None
+            return lease
         except OSError as exc:
             raise StorageIOError(f'locking session "{sid}" failed: {exc}', session_id=sid) from exc
+        finally:
+            if fd is not None:
+                with contextlib.suppress(OSError):
+                    self.files.close(fd)
+
+    def lock_held(self, header: dict[str, Any]) -> bool:
+        """True if some writer (in any process, this one included) holds the session's
+        writer lock. Probes from a fresh descriptor, directly (not through ``files``, so
+        it also works after a simulated crash).
+
+        The probe takes the ``flock`` for an instant when it is free: a concurrent
+        :meth:`acquire_writer` may then see the session as locked. Meant for invariant
+        checks on a quiet store, not for coordination."""
+        path = self._lock_dir(header) / LOCKFILE
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+            fd = os.open(path, os.O_RDONLY)
+        except (FileNotFoundError, NotADirectoryError):
+            return False
+        try:
             try:
-                holder: Any = orjson.loads(os.pread(fd, 4096, 0) or b"null")
-            except orjson.JSONDecodeError:
-                holder = None
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return True
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            return False
+        finally:
             os.close(fd)
-            raise SessionLockedError(
-                f'session "{sid}" is already open for writing by {_describe_holder(holder)}',
-                session_id=sid,
-                holder=holder,
-            ) from None
-        info = orjson.dumps({"pid": os.getpid(), "host": socket.gethostname(), "since": int(time.time() * 1000)})
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, info, 0)
-        return _FlockLease(fd)
 
 
 class _FlockLease(WriterLease):
-    def __init__(self, fd: int) -> None:
+    def __init__(self, files: OsFiles, fd: int) -> None:
+        self._files = files
         self._fd: int | None = fd
 
     def release(self) -> None:
         fd, self._fd = self._fd, None
         if fd is not None:
-            with contextlib.suppress(OSError):
-                os.ftruncate(fd, 0)
-            os.close(fd)  # closing the descriptor drops the flock
+            try:
+                with contextlib.suppress(OSError):
+                    self._files.ftruncate(fd, 0)
+            finally:
+                with contextlib.suppress(OSError):
+                    self._files.close(fd)  # closing the descriptor drops the flock
+
+
+def _encoding_error(session_id: str, records: list[dict[str, Any]], exc: Exception) -> RecordEncodingError:
+    """Name the first record (by seq) that does not encode."""
+    for r in records:
+        try:
+            orjson.dumps(r)
+        except (TypeError, ValueError) as one:
+            return RecordEncodingError(
+                f'session "{session_id}": event seq {r.get("seq")} ({r.get("type")}) cannot be stored: {one}',
+                session_id=session_id,
+            )
+    return RecordEncodingError(f'session "{session_id}": a batch cannot be stored: {exc}', session_id=session_id)
 
 
 _BAD: Final[Any] = object()

@@ -3,16 +3,64 @@
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, TypeVar
 
+import attrs
 import trio
 
-from harness.errors import FlushError, HarnessError
+import actors
+from harness.errors import FlushError, PersistenceError, WriterWedgedError
 from harness.persistence._backend import Backend, WriterLease
 from harness.session import Event, Session, event_to_record
 
 log = logging.getLogger("harness.persistence")
+
+#: Seconds a shielded wait for a blocking storage call (a batch write, a lease release
+#: or renewal) may last. Past it the wait is abandoned (the thread runs on) and the
+#: writer fails closed: whether the write landed is unknown. Read at each call, so a
+#: test or an application may change it.
+WRITE_WAIT_LIMIT: float = 30.0
+
+T = TypeVar("T")
+
+
+class WaitOverrun(Exception):
+    """A bounded storage wait overran :data:`WRITE_WAIT_LIMIT` (internal signal)."""
+
+
+async def run_storage_call(fn: Callable[[], T]) -> T:
+    """Run blocking ``fn`` on a worker thread, shielded from cancellation but bounded
+    by :data:`WRITE_WAIT_LIMIT` seconds (:func:`actors.run_bounded`: on the Trio clock
+    *and* the wall clock, so a test's autojumping ``MockClock`` cannot make a real
+    write "overrun").
+
+    Cancellation: the caller's cancellation does not interrupt the wait (the storage
+    call either completes or fails; a cancelled caller gets ``Cancelled`` at its next
+    checkpoint). Raises :class:`WaitOverrun` if the limit passes first; the thread is
+    then abandoned and still runs ``fn`` to its end.
+    """
+    box: list[T] = []
+
+    async def call() -> None:
+        box.append(await trio.to_thread.run_sync(fn, abandon_on_cancel=True))
+
+    if not await actors.run_bounded(call, WRITE_WAIT_LIMIT, shield=True):
+        raise WaitOverrun(f"storage call still running after {WRITE_WAIT_LIMIT} s")
+    return box[0]
+
+
+@attrs.frozen
+class Leftover:
+    """What a writer whose retirement failed still owes storage: just enough to retry
+    (the header record, the unwritten records, where they go), not the session."""
+
+    id: str
+    header: dict[str, Any]
+    pending: list[dict[str, Any]]
+    materialized: bool
+    durable: int  # events on disk before ``pending``
 
 
 class SessionWriter:
@@ -25,9 +73,13 @@ class SessionWriter:
       the call is durable, or raises :class:`FlushError` (the batch is kept, in order,
       and retried by the next flush or window; it is never dropped or reordered).
     * A failed background write is logged once and pauses the window until the next
-      enqueue.
-    * Writes run on a worker thread inside a shielded scope: a durable write is
-      never abandoned half-way; a cancelled caller gets ``Cancelled`` once it returns.
+      enqueue. No failure of a background write escapes into the nursery.
+    * Writes run on a worker thread inside a shielded scope bounded by
+      :data:`WRITE_WAIT_LIMIT`: a durable write is never abandoned half-way by a
+      cancellation; a cancelled caller gets ``Cancelled`` once it returns. A write that
+      overruns the bound *wedges* the writer: every later flush raises
+      :class:`WriterWedgedError` (fail closed), and the lock is released by the
+      abandoned thread when (if) it finishes.
     """
 
     def __init__(
@@ -45,6 +97,7 @@ class SessionWriter:
         self.backend = backend
         self.session = session
         self.id = session.id
+        self._header = session.header.to_record()
         self._nursery = nursery
         self._delay = delay
         self.materialized = materialized
@@ -57,8 +110,13 @@ class SessionWriter:
         self._window_scope: trio.CancelScope | None = None
         self._paused = False
         self.failure: BaseException | None = None
+        self.wedged: str | None = None  # why the writer fails closed
         self.closed = False
         self._before_first_write = before_first_write
+        # Between the Trio side and a (possibly abandoned) write thread.
+        self._thread_mutex = threading.Lock()
+        self._in_thread = False
+        self._orphan_lease: WriterLease | None = None
         self.catch_up()
 
     # -- buffering -----------------------------------------------------------------------
@@ -66,7 +124,7 @@ class SessionWriter:
     def catch_up(self) -> None:
         """Buffer every committed event not buffered yet (e.g. a seed, an end-seed)."""
         events = self.session.events
-        if self.queued < len(events):
+        if self.queued < len(events) and not self.closed:
             self.pending.extend(event_to_record(e) for e in events[self.queued :])
             self.queued = len(events)
             self._arm()
@@ -107,7 +165,9 @@ class SessionWriter:
         self._window = 0
         try:
             await self._write_some()
-        except FlushError as exc:
+        except Exception as exc:
+            # Never into the nursery: a background failure must not tear the runtime
+            # down. It is retained (self.failure) and surfaces at the next flush.
             self._paused = True
             log.warning(
                 '%s: background write for session "%s" failed (buffered events retained): %s',
@@ -121,7 +181,8 @@ class SessionWriter:
     async def flush(self) -> None:
         """Barrier: everything enqueued before the call is durable when it returns.
 
-        Raises :class:`FlushError` (chained to the cause) while writes fail. Cancelling
+        Raises :class:`FlushError` (chained to the cause) while writes fail, and
+        :class:`WriterWedgedError` for good once a write overran its bound. Cancelling
         the caller abandons the wait, never a write in progress.
         """
         self._disarm()
@@ -131,18 +192,39 @@ class SessionWriter:
 
     async def _write_some(self) -> None:
         async with self._lock:
+            if self.wedged is not None:
+                raise WriterWedgedError(
+                    f'{self.backend.name}: session "{self.id}" fails closed: {self.wedged} '
+                    f"({len(self.pending)} event(s) not known to be durable)",
+                    session_id=self.id,
+                )
             if not self.pending:
                 return
             if self._before_first_write is not None:
                 await self._before_first_write()
                 self._before_first_write = None
             batch = list(self.pending)
+            with self._thread_mutex:
+                self._in_thread = True
             try:
-                with trio.CancelScope(shield=True):
-                    # Shielded on purpose: the batch either lands whole (and the
-                    # buffer is trimmed) or fails (and is kept); never "unknown".
-                    await trio.to_thread.run_sync(self._write_sync, batch)
-            except (HarnessError, OSError) as exc:
+                # Shielded on purpose: the batch either lands whole (and the buffer is
+                # trimmed) or fails (and is kept); never "unknown" -- unless the bound
+                # passes, and then the writer says so forever (wedged).
+                await run_storage_call(lambda: self._thread_write(batch))
+            except WaitOverrun:
+                self.wedged = (
+                    f"a write of {len(batch)} event(s) did not return within {WRITE_WAIT_LIMIT} s "
+                    "(it may still land)"
+                )
+                log.warning('%s: session "%s": %s; the writer fails closed', self.backend.name, self.id, self.wedged)
+                raise WriterWedgedError(
+                    f'{self.backend.name}: writing session "{self.id}" did not finish within {WRITE_WAIT_LIMIT} s; '
+                    f"{len(self.pending)} event(s) are not known to be durable and the writer fails closed",
+                    session_id=self.id,
+                ) from None
+            except Exception as exc:
+                # Any failure (storage, encoding, a lost lease, a bug) is a typed flush
+                # failure with the batch retained, never a crash of the caller's task.
                 self.failure = exc
                 raise FlushError(
                     f'{self.backend.name}: writing session "{self.id}" failed '
@@ -153,20 +235,36 @@ class SessionWriter:
             self.durable += len(batch)
             self.failure = None
 
+    def _thread_write(self, batch: list[dict[str, Any]]) -> None:
+        """Worker thread: write the batch; if the Trio side gave up waiting and retired
+        meanwhile, release the lease it left here (only now is nothing in flight)."""
+        try:
+            self._write_sync(batch)
+        finally:
+            with self._thread_mutex:
+                self._in_thread = False
+                orphan, self._orphan_lease = self._orphan_lease, None
+            if orphan is not None:
+                try:
+                    orphan.release()
+                except Exception as exc:
+                    log.warning('%s: releasing the lease of wedged session "%s" failed: %s', self.backend.name, self.id, exc)
+
     def _write_sync(self, batch: list[dict[str, Any]]) -> None:
         if self.lease is None:
-            self.lease = self.backend.acquire_writer(self.session.header.to_record())
+            self.lease = self.backend.acquire_writer(self._header)
         if self.materialized:
-            self.backend.append(self.id, batch)
+            self.backend.append(self.id, batch, lease=self.lease)
         else:
-            self.backend.materialize(self.session.header.to_record(), batch)
+            self.backend.materialize(self._header, batch, lease=self.lease)
             self.materialized = True
 
     async def retire(self) -> None:
         """Flush, then release the writer lock. The lock is released even if the final
-        flush fails (the error propagates after).
+        flush fails (the error propagates after); a wedged writer's lock is released by
+        its abandoned write thread when that finishes.
 
-        Cancellation: as :meth:`flush`; the lock release is shielded.
+        Cancellation: as :meth:`flush`; the lock release is shielded (and bounded).
         """
         try:
             await self.flush()
@@ -175,5 +273,43 @@ class SessionWriter:
             self._disarm()
             lease, self.lease = self.lease, None
             if lease is not None:
-                with trio.CancelScope(shield=True):
-                    await trio.to_thread.run_sync(lease.release)
+                with self._thread_mutex:
+                    if self._in_thread:
+                        self._orphan_lease, lease = lease, None
+                if lease is not None:
+                    try:
+                        await run_storage_call(lease.release)
+                    except WaitOverrun:
+                        log.warning(
+                            '%s: releasing the lock of session "%s" did not finish within %s s',
+                            self.backend.name,
+                            self.id,
+                            WRITE_WAIT_LIMIT,
+                        )
+
+    def leftover(self) -> Leftover:
+        """What is needed to retry a failed retirement (drop the writer after this)."""
+        return Leftover(self.id, self._header, list(self.pending), self.materialized, self.durable)
+
+
+def retry_leftover(backend: Backend, leftover: Leftover) -> None:
+    """Blocking: write a failed retirement's events under a fresh lock, if the stored
+    log still ends where the writer left it (else nothing is written: the log moved on,
+    e.g. the session was resumed meanwhile, and appending would fork its history)."""
+    sid = leftover.id
+    lease = backend.acquire_writer(leftover.header)
+    try:
+        if leftover.materialized:
+            stored = len(backend.load(sid).records)
+            if stored != leftover.durable:
+                raise PersistenceError(
+                    f'{backend.name}: session "{sid}" moved on since its retirement failed '
+                    f"({stored} stored event(s), expected {leftover.durable}): "
+                    f"{len(leftover.pending)} event(s) dropped",
+                    session_id=sid,
+                )
+            backend.append(sid, leftover.pending, lease=lease)
+        else:
+            backend.materialize(leftover.header, leftover.pending, lease=lease)
+    finally:
+        lease.release()

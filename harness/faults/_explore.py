@@ -1,0 +1,945 @@
+"""Checkpoint exploration: inject a cancellation at every scheduler step of a scenario.
+
+A *scenario* is ``async def scenario(probe: Probe) -> None``. It builds what it
+tests, declares its *cancellers* (``probe.canceller(name, action)``), arms the probe
+at its trigger (``probe.arm()``) and checks invariants at the end (``probe.check``).
+:func:`explore` runs it once to count the scheduler steps after the trigger (a
+:class:`trio.abc.Instrument` counts every step of every task, so no hand-placed
+fault points are needed), then once per step ``k`` and canceller, calling that
+canceller's action right before step ``k`` runs.
+
+Every attempt is its own ``trio.run`` with Trio's scheduler seeded, and worker
+threads gated (see :class:`_ThreadGate`): a failing ``(seed, k, canceller)`` —
+a :class:`ReplayKey` — replays bit for bit with :func:`replay`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import random
+import tempfile
+import threading
+import time
+import traceback
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
+from pathlib import Path
+from types import FrameType
+from typing import Any, Final, TypeAlias
+
+import attrs
+import trio
+import trio.testing
+from trio._core import _run as _trio_run
+
+from actors import ActorError
+from harness.errors import HarnessError
+
+ScenarioFn: TypeAlias = Callable[["Probe"], Awaitable[None]]
+ProgressFn: TypeAlias = Callable[[str, int, int], None]
+"""``progress(label, done, total)``: called after every attempt."""
+
+#: Exceptions a scenario may legitimately see escape: the library's typed errors.
+LIBRARY_ERRORS: Final[tuple[type[BaseException], ...]] = (HarnessError, ActorError)
+
+_FLAG: Final = "_ALLOW_DETERMINISTIC_SCHEDULING"
+_START: Final = "start_thread_soon"
+# explore() and replay() change process-global Trio state (the scheduler's RNG and
+# its determinism flag): one exploration at a time per process.
+_GLOBAL = threading.RLock()
+_thread_local = threading.local()
+
+
+class ScenarioError(Exception):
+    """The scenario itself is malformed (e.g. an unknown canceller was asked for)."""
+
+
+# -- report types ---------------------------------------------------------------------------
+
+
+@attrs.frozen
+class ReplayKey:
+    """Names one attempt: ``resume:seed=3:k=41:owner``.
+
+    ``k == 0`` is the dry run (nothing injected). The scenario name may itself contain
+    colons; canceller names may not.
+    """
+
+    scenario: str
+    seed: int
+    k: int
+    canceller: str
+
+    def __str__(self) -> str:
+        return f"{self.scenario}:seed={self.seed}:k={self.k}:{self.canceller}"
+
+    @classmethod
+    def parse(cls, text: str) -> ReplayKey:
+        """Parse the ``str`` form back; raises ``ValueError`` on anything else."""
+        parts = text.rsplit(":", 3)
+        if len(parts) != 4 or not parts[1].startswith("seed=") or not parts[2].startswith("k="):
+            raise ValueError(f"not a replay key: {text!r} (expected SCENARIO:seed=S:k=K:CANCELLER)")
+        scenario, seed, k, canceller = parts
+        if not scenario or not canceller:
+            raise ValueError(f"not a replay key: {text!r}")
+        return cls(scenario, int(seed[5:]), int(k[2:]), canceller)
+
+
+@attrs.frozen
+class Violation:
+    """One broken invariant in one attempt.
+
+    ``task`` and ``stack`` describe the task that was about to run when the fault was
+    injected (its await stack is where it resumed: the checkpoint that was hit);
+    ``traceback`` is set when the violation is an escaped exception.
+    """
+
+    scenario: str
+    canceller: str
+    k: int
+    seed: int
+    message: str
+    task: str | None = None
+    stack: tuple[str, ...] = ()
+    traceback: str | None = None
+
+    @property
+    def key(self) -> ReplayKey:
+        return ReplayKey(self.scenario, self.seed, self.k, self.canceller)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "key": str(self.key),
+            "scenario": self.scenario,
+            "canceller": self.canceller,
+            "k": self.k,
+            "seed": self.seed,
+            "message": self.message,
+            "task": self.task,
+            "stack": list(self.stack),
+            "traceback": self.traceback,
+        }
+
+
+@attrs.frozen
+class Attempt:
+    """The outcome of one run of a scenario (``k == 0``: the dry run).
+
+    ``steps`` counts the scheduler steps taken while the probe was armed; ``fired``
+    says whether the fault was injected (a run may end before step ``k``);
+    ``outcome`` is ``"ok"``, ``"typed error"`` (a library error escaped, allowed),
+    ``"expected"`` (e.g. a simulated crash), ``"violation"`` (something was recorded),
+    ``"hang"`` or ``"raw exception"``.
+    ``gate_timeouts`` counts worker threads the run stopped waiting for (each one makes
+    the schedule depend on thread timing: see the determinism notes in docs/faults.md).
+    """
+
+    scenario: str
+    seed: int
+    k: int
+    canceller: str
+    steps: int
+    fired: bool
+    task: str | None
+    stack: tuple[str, ...]
+    violations: tuple[Violation, ...]
+    outcome: str
+    wall_time: float
+    gate_timeouts: int = 0
+    cancellers: tuple[str, ...] = ()
+    logs: tuple[str, ...] = ()
+
+    @property
+    def key(self) -> ReplayKey:
+        return ReplayKey(self.scenario, self.seed, self.k, self.canceller)
+
+
+@attrs.frozen
+class ExploreReport:
+    """What a campaign over one scenario found.
+
+    ``steps`` maps each canceller (or fault kind) to the number of injection points
+    explored, summed over seeds; ``dry_steps`` maps each seed to the step count of its
+    dry run. ``violations`` lists every violation of every attempt (see
+    :meth:`distinct` to group them by message).
+    """
+
+    scenario: str
+    mode: str
+    steps: Mapping[str, int]
+    attempts: int
+    violations: tuple[Violation, ...]
+    wall_time: float
+    dry_steps: Mapping[int, int] = attrs.field(factory=dict)
+    backend: str | None = None
+    notes: tuple[str, ...] = ()
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations
+
+    def distinct(self) -> list[tuple[Violation, int]]:
+        """The first violation of each distinct message, with how many attempts hit it."""
+        groups: dict[str, list[Violation]] = {}
+        for v in self.violations:
+            groups.setdefault(v.message, []).append(v)
+        return [(vs[0], len(vs)) for vs in groups.values()]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "scenario": self.scenario,
+            "mode": self.mode,
+            "backend": self.backend,
+            "steps": dict(self.steps),
+            "dry_steps": {str(k): v for k, v in self.dry_steps.items()},
+            "attempts": self.attempts,
+            "violations": [v.to_json() for v in self.violations],
+            "distinct": [{"count": n, **v.to_json()} for v, n in self.distinct()],
+            "wall_time": round(self.wall_time, 3),
+            "notes": list(self.notes),
+        }
+
+
+# -- the probe ------------------------------------------------------------------------------
+
+
+@attrs.frozen
+class TaskInfo:
+    """A task seen by the probe: its name and await stack (innermost last)."""
+
+    name: str
+    stack: tuple[str, ...]
+
+    def __str__(self) -> str:
+        where = self.stack[-1] if self.stack else "?"
+        return f"{self.name} (at {where})"
+
+
+class Probe:
+    """What a scenario sees of its attempt.
+
+    * ``canceller(name, action)`` binds a canceller: a synchronous callable that cancels
+      something (``scope.cancel``, ``lambda: owner.close("owner closed")``, ...). It is
+      called from inside the step-counting instrument, right before step ``k`` runs.
+    * ``arm()`` starts counting steps (the trigger), ``disarm()`` stops.
+    * ``check(condition, message)``/``fail(message)``/``record(messages)`` record
+      violations; ``acknowledge(session_id, seq)`` records an event known durable.
+    * ``seed``, ``rng`` (seeded), ``k`` (0 in the dry run), ``canceller_name``,
+      ``fired``, ``tmp_path`` (fresh per attempt) and ``faults`` (the fault layer of an
+      I/O or crash attempt, else ``None``) describe the attempt.
+    """
+
+    def __init__(
+        self,
+        *,
+        scenario: str,
+        seed: int,
+        k: int,
+        canceller_name: str | None,
+        tmp_path: Path,
+        faults: object | None = None,
+    ) -> None:
+        self.scenario = scenario
+        self.seed = seed
+        self.rng = random.Random(f"{scenario}:{seed}")
+        self.k = k
+        self.canceller_name = canceller_name
+        self.tmp_path = tmp_path
+        self.faults = faults
+        self.fired = False
+        self.fired_task: TaskInfo | None = None
+        self.messages: list[str] = []
+        self.acknowledged: dict[str, int] = {}
+        self.acknowledged_records: dict[str, list[Any]] = {}
+        self.cancellers: dict[str, Callable[[], object]] = {}
+        self.data: dict[str, Any] = {}  # free-form state a scenario hands to post-run checks
+        self._armed = False
+        self._steps = 0
+        self._live: dict[trio.lowlevel.Task, None] = {}
+        self._excluded: set[trio.lowlevel.Task] = set()
+        self._root: trio.lowlevel.Task | None = None
+        self._main: trio.lowlevel.Task | None = None
+
+    # -- declaring ---------------------------------------------------------------------
+
+    def canceller(self, name: str, action: Callable[[], object]) -> None:
+        """Bind (or rebind) the action of canceller ``name``. Names may not contain ``:``."""
+        if ":" in name or not name:
+            raise ScenarioError(f"canceller names may not be empty or contain ':': {name!r}")
+        self.cancellers[name] = action
+
+    def arm(self) -> None:
+        """Start counting scheduler steps (the trigger); idempotent."""
+        self._armed = True
+
+    def disarm(self) -> None:
+        """Stop counting steps (and stop tracking newly spawned tasks)."""
+        self._armed = False
+
+    @property
+    def armed(self) -> bool:
+        return self._armed
+
+    @property
+    def steps(self) -> int:
+        """Steps counted so far while armed."""
+        return self._steps
+
+    # -- recording ---------------------------------------------------------------------
+
+    def check(self, condition: object, message: str) -> bool:
+        """Record ``message`` as a violation unless ``condition`` holds; return it."""
+        if not condition:
+            self.messages.append(message)
+            return False
+        return True
+
+    def fail(self, message: str) -> None:
+        self.messages.append(message)
+
+    def record(self, messages: Iterable[str], prefix: str = "") -> None:
+        """Record each of ``messages`` (e.g. an invariant checker's result)."""
+        for m in messages:
+            self.messages.append(f"{prefix}{m}")
+
+    def acknowledge(self, session_id: str, seq: int, records: Sequence[Any] | None = None) -> None:
+        """Event ``seq`` of ``session_id`` and all before it are durable (a flush
+        returned). ``records`` (optional) are their stored form, to check them unchanged."""
+        if seq > self.acknowledged.get(session_id, -1):
+            self.acknowledged[session_id] = seq
+            if records is not None:
+                self.acknowledged_records[session_id] = list(records[: seq + 1])
+
+    def live_tasks(self) -> list[TaskInfo]:
+        """Tasks spawned while armed that have not exited (see ``check_no_tasks_left``)."""
+        return [_task_info(t) for t in self._live if t not in self._excluded]
+
+    # -- instrument side -----------------------------------------------------------------
+
+    def _counts(self, task: trio.lowlevel.Task) -> bool:
+        # Trio's own system tasks (the run_sync_soon entry queue, which delivers worker
+        # thread results) are not scenario steps: only the main task and its descendants.
+        if task is self._main:
+            return True
+        if task in self._excluded:
+            return False
+        nursery = task.parent_nursery
+        return not (nursery is not None and nursery.parent_task is self._root)
+
+    def _fire(self, task: trio.lowlevel.Task) -> None:
+        self.fired = True
+        self.fired_task = _task_info(task)
+        name = self.canceller_name
+        assert name is not None
+        action = self.cancellers.get(name)
+        if action is None:
+            self.messages.append(f"canceller {name!r} was not bound when step {self.k} ran")
+            return
+        try:
+            action()
+        except Exception as exc:
+            self.messages.append(
+                f"canceller {name!r} raised {type(exc).__name__}: {exc}\n" + "".join(traceback.format_exception(exc))
+            )
+
+
+class _StepCounter(trio.abc.Instrument):
+    """Counts steps while the probe is armed, injects at step ``k``, tracks tasks and
+    gates worker threads (every io wait first waits for in-flight worker threads)."""
+
+    def __init__(self, probe: Probe, gate: _ThreadGate) -> None:
+        self.probe = probe
+        self.gate = gate
+
+    def before_task_step(self, task: trio.lowlevel.Task) -> None:
+        p = self.probe
+        if not p._armed or not p._counts(task):
+            return
+        p._steps += 1
+        if p._steps == p.k and p.canceller_name is not None and not p.fired:
+            # Calling CancelScope.cancel() / Lifetime.close() here is safe: it only marks
+            # scopes cancelled and reschedules blocked tasks through their abort functions
+            # (onto the next batch), exactly as when another task cancels; the task about
+            # to run sees the cancellation at its next checkpoint.
+            p._fire(task)
+
+    def task_spawned(self, task: trio.lowlevel.Task) -> None:
+        if self.probe._armed:
+            self.probe._live[task] = None
+
+    def task_exited(self, task: trio.lowlevel.Task) -> None:
+        self.probe._live.pop(task, None)
+
+    def before_io_wait(self, timeout: float) -> None:
+        self.gate.wait_idle()
+
+
+# -- worker-thread gate -----------------------------------------------------------------------
+
+
+class _ThreadGate:
+    """Makes worker-thread completion deterministic at batch granularity.
+
+    ``trio.to_thread.run_sync`` hands its result back through the run loop's entry
+    queue, at whatever moment the thread finishes. The gate counts the threads a run
+    started (by wrapping Trio's ``start_thread_soon``) and, before every io wait,
+    blocks until each has handed its result back: a thread started in one batch is
+    seen done before the next, whatever its real duration. A thread that takes longer
+    than ``max_wait`` seconds is no longer waited for (``timeouts`` counts those; the
+    schedule then depends on timing). The gate also prevents spurious autojumps of a
+    mock clock while a thread works.
+    """
+
+    def __init__(self, max_wait: float) -> None:
+        self.max_wait = max_wait
+        self.timeouts = 0
+        self.finished = False  # set once the run is over: a delivery after it is late
+        self.late: list[str] = []  # threads that finished after the run (abandoned)
+        self._cond = threading.Condition()
+        self._inflight: set[int] = set()
+        self._running: dict[int, str] = {}
+        self._next = 0
+
+    def started(self, name: str) -> int:
+        with self._cond:
+            self._next += 1
+            self._inflight.add(self._next)
+            self._running[self._next] = name
+            return self._next
+
+    def delivering(self, token: int) -> None:
+        with self._cond:
+            if self.finished:
+                self.late.append(self._running.get(token, "?"))
+
+    def delivered(self, token: int) -> None:
+        with self._cond:
+            self._inflight.discard(token)
+            self._running.pop(token, None)
+            self._cond.notify_all()
+
+    def still_running(self, timeout: float) -> list[str]:
+        """After the run: wait up to ``timeout`` for threads it left behind; the names
+        of those still running."""
+        with self._cond:
+            self._cond.wait_for(lambda: not self._running, timeout=timeout)
+            return sorted(self._running.values())
+
+    def wait_idle(self) -> None:
+        with self._cond:
+            if not self._inflight:
+                return
+            if not self._cond.wait_for(lambda: not self._inflight, timeout=self.max_wait):
+                self.timeouts += len(self._inflight)
+                self._inflight.clear()  # stop waiting for these; later ones are gated again
+
+
+_original_start_thread_soon: Any = None
+_gate_users = 0
+
+
+def _gated_start_thread_soon(fn: Any, deliver: Any, name: str | None = None) -> None:
+    gate: _ThreadGate | None = getattr(_thread_local, "gate", None)
+    if gate is None:
+        _original_start_thread_soon(fn, deliver, name)
+        return
+    token = gate.started(str(name or getattr(fn, "__name__", "worker thread")))
+
+    def deliver_and_count(result: Any) -> None:
+        gate.delivering(token)
+        try:
+            deliver(result)  # puts the result in the run loop's entry queue
+        finally:
+            gate.delivered(token)
+
+    _original_start_thread_soon(fn, deliver_and_count, name)
+
+
+@contextlib.contextmanager
+def _thread_gate_installed() -> Iterator[None]:
+    # Trio's to_thread looks start_thread_soon up in its module namespace on each call.
+    global _original_start_thread_soon, _gate_users
+    import trio._threads as threads_module
+
+    if _gate_users == 0:
+        _original_start_thread_soon = getattr(threads_module, _START)
+        setattr(threads_module, _START, _gated_start_thread_soon)
+    _gate_users += 1
+    try:
+        yield
+    finally:
+        _gate_users -= 1
+        if _gate_users == 0:
+            setattr(threads_module, _START, _original_start_thread_soon)
+            _original_start_thread_soon = None
+
+
+@contextlib.contextmanager
+def _seeded_scheduler(seed: int) -> Iterator[None]:
+    """Make Trio's batch order a function of ``seed`` (what hypothesis does per example)."""
+    previous = getattr(_trio_run, _FLAG)
+    state = _trio_run._r.getstate()
+    setattr(_trio_run, _FLAG, True)
+    _trio_run._r.seed(seed)
+    try:
+        yield
+    finally:
+        _trio_run._r.setstate(state)
+        setattr(_trio_run, _FLAG, previous)
+
+
+# -- running one attempt ----------------------------------------------------------------------
+
+
+@attrs.frozen
+class Settings:
+    """How attempts run.
+
+    ``timeout``: seconds on the attempt's clock before a run counts as a hang (then the
+    scenario is cancelled, and ``grace`` more seconds are given before it is abandoned as
+    a hard hang — e.g. a deadlock in shielded code). ``real_timeout``: wall seconds
+    after which an attempt is abandoned whatever its clock says. ``autojump_threshold``:
+    ``None`` runs on the real clock; a number uses ``MockClock(autojump_threshold=...)``
+    (idle time jumps ahead, so sleeps and deadlocks cost nothing). ``thread_wait``: how
+    long the thread gate waits for one worker thread.
+    ``allowed``: exception types that may escape a scenario without being a violation.
+    ``log_level``: log records at this level or above (e.g. ``actor 'x' crashed``,
+    logged at ERROR) are violations; ``None`` turns that off. Every record at WARNING
+    or above is kept in :attr:`Attempt.logs` (and not printed).
+    """
+
+    timeout: float = 120.0
+    grace: float = 30.0
+    real_timeout: float = 60.0
+    autojump_threshold: float | None = 0.05
+    thread_wait: float = 5.0
+    allowed: tuple[type[BaseException], ...] = LIBRARY_ERRORS
+    log_level: int | None = logging.ERROR
+
+
+Finish: TypeAlias = Callable[[Probe, "BaseException | None"], None]
+
+
+def run_attempt(
+    fn: ScenarioFn,
+    name: str,
+    *,
+    seed: int,
+    k: int,
+    canceller: str | None,
+    settings: Settings,
+    label: str | None = None,
+    faults: object | None = None,
+    expected: tuple[type[BaseException], ...] = (),
+    finish: Finish | None = None,
+) -> Attempt:
+    """Run ``fn`` once in a fresh ``trio.run`` (on its own thread, so a hard hang can be
+    abandoned) and collect what it found.
+
+    ``canceller``: the canceller called right before step ``k`` (``None``: inject no
+    cancellation). ``label`` names the attempt's fault in its replay key (default: the
+    canceller, or ``dry``). ``faults`` is handed to the scenario as ``probe.faults``.
+    ``expected`` exception types may escape (e.g. a simulated crash); ``finish(probe,
+    escaped)`` runs after the Trio run, outside it (e.g. power loss + reload checks).
+    """
+    started = time.perf_counter()
+    label = label or canceller or "dry"
+    with contextlib.ExitStack() as stack:
+        tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="harness-chaos-", ignore_cleanup_errors=True)))
+        probe = Probe(scenario=name, seed=seed, k=k, canceller_name=canceller, tmp_path=tmp, faults=faults)
+        gate = _ThreadGate(settings.thread_wait)
+        counter = _StepCounter(probe, gate)
+        box: dict[str, Any] = {}
+        hard_hang = threading.Event()
+
+        def target() -> None:
+            _thread_local.gate = gate
+            clock = (
+                None
+                if settings.autojump_threshold is None
+                else trio.testing.MockClock(autojump_threshold=settings.autojump_threshold)
+            )
+            try:
+                trio.run(_main, fn, probe, settings, hard_hang, box, clock=clock, instruments=[counter])
+            except BaseException as exc:  # reported below; nothing may be lost
+                box["crash"] = exc
+            finally:
+                _thread_local.gate = None
+
+        collector = _LogCollector()
+        with _GLOBAL, _thread_gate_installed(), _seeded_scheduler(seed), _collecting(collector):
+            thread = threading.Thread(target=target, name=f"chaos {name} k={k} {label}", daemon=True)
+            thread.start()
+            deadline = time.monotonic() + settings.real_timeout
+            while thread.is_alive():
+                thread.join(0.05)
+                if not thread.is_alive() or hard_hang.is_set():
+                    break
+                if time.monotonic() > deadline:
+                    if box.get("wall_timeout"):
+                        break  # it had its last chance
+                    # Too slow in wall time (its clock may not even have moved): cancel the
+                    # scenario from outside and give it a last chance to unwind, so no
+                    # abandoned run keeps working next to the following attempts.
+                    box["wall_timeout"] = True
+                    with contextlib.suppress(trio.RunFinishedError, KeyError):
+                        box["token"].run_sync_soon(box["scope"].cancel)
+                    deadline = time.monotonic() + min(10.0, settings.real_timeout)
+        abandoned = thread.is_alive()
+        extra: list[tuple[str, str | None]] = []  # runner findings, with tracebacks
+        if not abandoned:
+            # Every worker thread of a finished run has handed its result back before
+            # the task waiting for it resumed; one that has not was abandoned by the run
+            # and works on after its runtime is gone.
+            gate.finished = True
+            with _collecting(collector):
+                left = gate.still_running(settings.thread_wait)
+            for thread_name in [*gate.late, *left]:
+                state = "still running" if thread_name in left else "finished after the run ended"
+                extra.append((f"worker thread outlived the run ({state}): {thread_name}", None))
+        outcome = "ok"
+        escaped: BaseException | None = box.get("escaped")
+        if abandoned:
+            outcome = "hang"
+            why = "a hard hang (it ignored cancellation)" if hard_hang.is_set() else f"{settings.real_timeout}s of wall time"
+            dump = box.get("dump") or "(no task dump: the run loop did not answer)"
+            extra.append((f"hang at step {k}: the run did not finish (abandoned after {why})", dump))
+        elif "crash" in box:
+            outcome = "raw exception"
+            exc = box["crash"]
+            extra.append((f"trio.run failed: {type(exc).__name__}: {exc}", _format_tb(exc)))
+        elif box.get("hung"):
+            outcome = "hang"
+            extra.append((f"deadlock/hang at step {k}: still running after {settings.timeout}s", box.get("dump")))
+        elif box.get("wall_timeout"):
+            outcome = "hang"
+            extra.append((f"hang at step {k}: still running after {settings.real_timeout}s of wall time (cancelled)", None))
+        if escaped is not None and not abandoned:
+            raw, typed, expected_seen = _classify(escaped, settings.allowed, expected)
+            for leaf in raw:
+                extra.append((f"raw non-library exception escaped: {type(leaf).__name__}: {leaf}", _format_tb(leaf)))
+            if raw:
+                outcome = "raw exception"
+            elif outcome == "ok":
+                outcome = "expected" if expected_seen else ("typed error" if typed else "ok")
+        if finish is not None and not abandoned:
+            try:
+                with _collecting(collector):
+                    finish(probe, escaped)
+            except Exception as exc:
+                extra.append((f"post-run check failed: {type(exc).__name__}: {exc}", _format_tb(exc)))
+        if settings.log_level is not None:
+            for record in collector.records:
+                if record.levelno >= settings.log_level:
+                    extra.append((f"logged {record.levelname} ({record.name}): {record.getMessage()}", _record_tb(record)))
+    found = [(m, None) for m in probe.messages] + extra
+    if found and outcome in ("ok", "typed error", "expected"):
+        outcome = "violation"
+    info = probe.fired_task
+    violations = tuple(
+        Violation(
+            scenario=name,
+            canceller=label,
+            k=k,
+            seed=seed,
+            message=message,
+            task=info.name if info else None,
+            stack=info.stack if info else (),
+            traceback=tb,
+        )
+        for message, tb in found
+    )
+    return Attempt(
+        scenario=name,
+        seed=seed,
+        k=k,
+        canceller=label,
+        steps=probe.steps,
+        fired=probe.fired,
+        task=info.name if info else None,
+        stack=info.stack if info else (),
+        violations=violations,
+        outcome=outcome,
+        wall_time=time.perf_counter() - started,
+        gate_timeouts=gate.timeouts,
+        cancellers=tuple(probe.cancellers),
+        logs=tuple(f"{r.levelname} {r.name}: {r.getMessage()}" for r in collector.records),
+    )
+
+
+async def _main(
+    fn: ScenarioFn, probe: Probe, settings: Settings, hard_hang: threading.Event, box: dict[str, Any]
+) -> None:
+    probe._root = trio.lowlevel.current_root_task()
+    probe._main = trio.lowlevel.current_task()
+    probe._main.name = f"scenario {probe.scenario}"  # reports name it, not this wrapper
+    done = trio.Event()
+    async with trio.open_nursery() as nursery:
+        with trio.CancelScope() as scope:
+            box["token"], box["scope"] = trio.lowlevel.current_trio_token(), scope
+            # start(), not start_soon(): the watchdog is excluded from the step count
+            # before the scenario can arm the probe.
+            await nursery.start(_watchdog, probe, settings, scope, done, hard_hang, box, name="chaos watchdog")
+            try:
+                await fn(probe)
+            except BaseException as exc:
+                box["escaped"] = exc
+        probe._armed = False
+        done.set()
+        nursery.cancel_scope.cancel()
+
+
+async def _watchdog(
+    probe: Probe,
+    settings: Settings,
+    scope: trio.CancelScope,
+    done: trio.Event,
+    hard_hang: threading.Event,
+    box: dict[str, Any],
+    *,
+    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Turn a hang into a finding: after ``timeout`` dump every task and cancel the
+    scenario; if it is still running ``grace`` later, tell the runner to abandon it."""
+    probe._excluded.add(trio.lowlevel.current_task())
+    task_status.started()
+    with trio.move_on_after(settings.timeout):
+        await done.wait()
+    if done.is_set():
+        return
+    box["hung"] = True
+    box["dump"] = _dump_tasks()
+    scope.cancel()
+    with trio.move_on_after(settings.grace):
+        await done.wait()
+    if not done.is_set():
+        box["dump"] = _dump_tasks()
+        clock = trio.lowlevel.current_clock()
+        if isinstance(clock, trio.testing.MockClock):
+            # The run is about to be abandoned with tasks stuck forever: stop the clock
+            # from autojumping, or the dead loop would spin on a zero timeout.
+            clock.autojump_threshold = math.inf
+        hard_hang.set()
+
+
+class _LogCollector(logging.Handler):
+    """Keeps the records logged during an attempt (instead of printing them)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+@contextlib.contextmanager
+def _collecting(collector: _LogCollector) -> Iterator[None]:
+    root = logging.getLogger()
+    root.addHandler(collector)
+    try:
+        yield
+    finally:
+        root.removeHandler(collector)
+
+
+def _record_tb(record: logging.LogRecord) -> str | None:
+    if record.exc_info and record.exc_info[1] is not None:
+        return _format_tb(record.exc_info[1])
+    return None
+
+
+def _classify(
+    exc: BaseException, allowed: tuple[type[BaseException], ...], expected: tuple[type[BaseException], ...]
+) -> tuple[list[BaseException], bool, bool]:
+    """Split an escaped exception (group) into raw leaves, and whether typed library
+    errors or expected exceptions were among the rest."""
+    raw: list[BaseException] = []
+    typed = expected_seen = False
+    for leaf in _leaves(exc):
+        if isinstance(leaf, KeyboardInterrupt):
+            raise leaf
+        if isinstance(leaf, trio.Cancelled):
+            continue
+        if expected and isinstance(leaf, expected):
+            expected_seen = True
+        elif isinstance(leaf, allowed):
+            typed = True
+        else:
+            raw.append(leaf)
+    return raw, typed, expected_seen
+
+
+def _leaves(exc: BaseException) -> Iterator[BaseException]:
+    if isinstance(exc, BaseExceptionGroup):
+        for sub in exc.exceptions:
+            yield from _leaves(sub)
+    else:
+        yield exc
+
+
+def _format_tb(exc: BaseException) -> str:
+    return "".join(traceback.format_exception(exc))
+
+
+def _frame_label(frame: FrameType, lineno: int) -> str:
+    module = frame.f_globals.get("__name__", "?")
+    return f"{module}:{lineno} {frame.f_code.co_name}"
+
+
+def _task_info(task: trio.lowlevel.Task) -> TaskInfo:
+    try:
+        # The explorer's own frames (the wrapper around the scenario) are noise.
+        stack = tuple(_frame_label(f, n) for f, n in task.iter_await_frames() if f.f_globals.get("__name__") != __name__)
+    except Exception:  # a task that just finished has no frames left to walk
+        stack = ()
+    return TaskInfo(task.name, stack)
+
+
+def _dump_tasks() -> str:
+    """Every task of the run with its await stack (for hang reports)."""
+    lines: list[str] = []
+
+    def walk(task: trio.lowlevel.Task, depth: int) -> None:
+        info = _task_info(task)
+        lines.append("  " * depth + info.name)
+        lines.extend("  " * depth + "    " + s for s in info.stack)
+        for nursery in task.child_nurseries:
+            for child in nursery.child_tasks:
+                walk(child, depth + 1)
+
+    root = trio.lowlevel.current_root_task()
+    if root is not None:
+        walk(root, 0)
+    return "\n".join(lines)
+
+
+# -- exploring ------------------------------------------------------------------------------
+
+
+@attrs.frozen
+class Scenario:
+    """A named scenario with what it declares: its cancellers (explored in this order),
+    the backend it persists to (if any), the exploration modes it supports
+    (``checkpoints``, ``io``, ``crash``) and default :class:`Settings`."""
+
+    name: str
+    run: ScenarioFn
+    description: str = ""
+    cancellers: tuple[str, ...] = ()
+    backend: str | None = None
+    modes: tuple[str, ...] = ("checkpoints",)
+    settings: Settings | None = None
+
+
+def as_scenario(scenario: Scenario | ScenarioFn, name: str | None = None) -> Scenario:
+    """Wrap a bare scenario function (named after it unless ``name`` is given)."""
+    if isinstance(scenario, Scenario):
+        return scenario if name is None else attrs.evolve(scenario, name=name)
+    return Scenario(name or str(getattr(scenario, "__name__", "scenario")), scenario)
+
+
+def _seed_list(seeds: int | Sequence[int]) -> list[int]:
+    if isinstance(seeds, int):
+        if seeds < 1:
+            raise ValueError("seeds must be >= 1")
+        return list(range(seeds))
+    return list(seeds)
+
+
+def step_plan(n: int, *, seed: int, stride: int = 1, max_steps: int | None = None) -> range:
+    """The steps ``k`` explored for a dry run of ``n`` steps: ``1..n`` every ``stride``-th,
+    starting at ``1 + seed % stride`` (so ``stride`` seeds cover every step), at most
+    ``max_steps``."""
+    if stride < 1:
+        raise ValueError("stride must be >= 1")
+    last = n if max_steps is None else min(n, max_steps)
+    return range(1 + seed % stride, last + 1, stride)
+
+
+def explore(
+    scenario: Scenario | ScenarioFn,
+    *,
+    name: str | None = None,
+    cancellers: Sequence[str] | None = None,
+    seeds: int | Sequence[int] = 1,
+    stride: int = 1,
+    max_steps: int | None = None,
+    settings: Settings | None = None,
+    progress: ProgressFn | None = None,
+) -> ExploreReport:
+    """Explore a cancellation at every scheduler step of ``scenario``, by every canceller.
+
+    Per seed: one dry run counts the ``N`` steps taken while the probe is armed; then
+    for each canceller (``cancellers``, else the scenario's declared ones, else those it
+    bound in the dry run) and each ``k`` of :func:`step_plan`, one attempt runs with
+    that canceller called right before step ``k``. A violation is anything the scenario
+    recorded, a hang, or an exception escaping the scenario other than ``Cancelled`` and
+    ``settings.allowed`` (the library's typed errors by default).
+
+    Synchronous: each attempt is a fresh ``trio.run`` on its own thread; call it from
+    plain code (not from inside a running Trio loop's thread... it works there too, but
+    blocks that loop). One exploration at a time per process (Trio's scheduler RNG is
+    global); concurrent calls are serialised.
+    """
+    spec = as_scenario(scenario, name)
+    conf = settings or spec.settings or Settings()
+    started = time.perf_counter()
+    steps: dict[str, int] = {}
+    dry_steps: dict[int, int] = {}
+    violations: list[Violation] = []
+    notes: list[str] = []
+    attempts = 0
+    for seed in _seed_list(seeds):
+        dry = run_attempt(spec.run, spec.name, seed=seed, k=0, canceller=None, settings=conf)
+        attempts += 1
+        violations.extend(dry.violations)
+        dry_steps[seed] = dry.steps
+        if dry.outcome == "hang":
+            notes.append(f"seed {seed}: the dry run hung; its steps were not explored")
+            continue
+        if dry.gate_timeouts:
+            notes.append(f"seed {seed}: {dry.gate_timeouts} worker thread(s) outlived the gate (replay may drift)")
+        names = list(cancellers or spec.cancellers or dry.cancellers)
+        unknown = [c for c in names if c not in dry.cancellers]
+        if unknown:
+            raise ScenarioError(f"scenario {spec.name!r} did not bind canceller(s) {', '.join(unknown)} in its dry run")
+        plan = step_plan(dry.steps, seed=seed, stride=stride, max_steps=max_steps)
+        total = len(plan) * len(names)
+        done = 0
+        for canceller in names:
+            steps.setdefault(canceller, 0)
+            for k in plan:
+                attempt = run_attempt(spec.run, spec.name, seed=seed, k=k, canceller=canceller, settings=conf)
+                attempts += 1
+                done += 1
+                steps[canceller] += 1
+                violations.extend(attempt.violations)
+                if progress is not None:
+                    progress(f"{spec.name} seed={seed} {canceller}", done, total)
+    return ExploreReport(
+        scenario=spec.name,
+        mode="checkpoints",
+        steps=steps,
+        attempts=attempts,
+        violations=tuple(violations),
+        wall_time=time.perf_counter() - started,
+        dry_steps=dry_steps,
+        backend=spec.backend,
+        notes=tuple(notes),
+    )
+
+
+def replay(scenario: Scenario | ScenarioFn, key: ReplayKey | str, *, settings: Settings | None = None) -> Attempt:
+    """Run exactly the attempt ``key`` names (``k == 0``: the dry run) and return it.
+
+    Exact for scenarios whose schedule depends only on Trio and the seed; see the
+    determinism notes in docs/faults.md for worker threads.
+    """
+    spec = as_scenario(scenario)
+    if isinstance(key, str):
+        key = ReplayKey.parse(key)
+    conf = settings or spec.settings or Settings()
+    canceller = None if key.k == 0 else key.canceller
+    return run_attempt(spec.run, key.scenario, seed=key.seed, k=key.k, canceller=canceller, settings=conf)

@@ -1,0 +1,691 @@
+"""The built-in scenarios: the runtime's own code paths under every canceller.
+
+Each scenario runs a real store, persistence backend and (where it applies) agent
+loop, arms the probe at its trigger, and checks the built-in invariants twice: on the
+live state while the runtime runs, and at rest (after everything closed) by reloading
+every session it touched from disk with a fresh backend. Persistence scenarios exist
+in a JSONL and a SQLite variant (``agent-turn/jsonl``, ``agent-turn/sqlite``, ...).
+
+Cancellers (what each may do at step k, all synchronous):
+
+* ``caller`` — cancel the cancel scope around the scenario's own calls;
+* ``owner`` — close the agent's :class:`~actors.Owner` (its lifetime at once; a helper
+  task then awaits ``owner.aclose``, cancelling the tasks it owns);
+* ``teardown`` — close the runtime's teardown lifetime and cancel the scenario's body,
+  as an application shutting down does (the runtime's blocks then exit normally);
+* ``agent-cancel`` — ``agent.cancel("parent")`` on the running turn.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Sequence
+from contextlib import asynccontextmanager, contextmanager
+from functools import partial
+from typing import Any, Final
+
+import attrs
+import trio
+
+from actors import ActorError, LifetimeClosedError, Owner
+from harness.agent import (
+    AgentDisposedError,
+    AgentHandle,
+    AgentLoop,
+    Call,
+    Say,
+    ScriptedProvider,
+    Think,
+    ToolSet,
+    open_agent_loop,
+    tool,
+)
+from harness.errors import (
+    HarnessError,
+    OpenTurnError,
+    PersistenceError,
+    SessionNotLiveError,
+    StoreError,
+)
+from harness.faults._backends import (
+    BACKENDS,
+    Backend,
+    check_at_rest,
+    close_backend,
+    make_backend,
+    plain_backend,
+    track_session,
+)
+from harness.faults._explore import Probe, Scenario, Settings
+from harness.faults._invariants import (
+    check_log,
+    check_no_tasks_left,
+    check_preparations,
+    check_writer_locks,
+)
+from harness.persistence import Persistence, open_persistence
+from harness.runtime import SessionHandle, Store, open_store
+from harness.session import EventDraft, event_to_record
+
+#: Lifecycle answers a scenario may legitimately get when it is cancelled or torn down
+#: at an arbitrary step: a closed lifetime, a disposed agent, a session or store no
+#: longer live. Anything else typed (an invariant veto, corruption, an actor crash) is
+#: reported as a violation by the scenarios.
+LIFECYCLE_ERRORS: Final[tuple[type[BaseException], ...]] = (
+    LifetimeClosedError,
+    AgentDisposedError,
+    SessionNotLiveError,
+    StoreError,
+)
+
+# Built-in scenarios do no real I/O outside worker threads (which the explorer's thread
+# gate waits for), so the mock clock may jump as soon as every task is idle.
+SETTINGS: Final = Settings(autojump_threshold=0.0, timeout=600.0, grace=60.0, real_timeout=60.0)
+
+
+def _leaves(exc: BaseException) -> Iterable[BaseException]:
+    if isinstance(exc, BaseExceptionGroup):
+        for sub in exc.exceptions:
+            yield from _leaves(sub)
+    else:
+        yield exc
+
+
+def allowed_errors(probe: Probe) -> tuple[type[BaseException], ...]:
+    """The typed errors a scenario accepts as answers in this attempt: lifecycle
+    errors always, persistence errors only when I/O faults are injected."""
+    return (*LIFECYCLE_ERRORS, PersistenceError) if probe.faults is not None else LIFECYCLE_ERRORS
+
+
+def note_errors(probe: Probe, exc: BaseException, what: str) -> None:
+    """Record every leaf of ``exc`` that is not an accepted answer here."""
+    allowed = allowed_errors(probe)
+    for leaf in _leaves(exc):
+        if not isinstance(leaf, allowed):
+            probe.fail(f"{what}: unexpected {type(leaf).__name__}: {leaf}")
+
+
+async def guarded(probe: Probe, what: str, fn: Callable[[], Awaitable[Any]]) -> Any:
+    """``await fn()``; a typed library error is checked against :func:`allowed_errors`
+    and swallowed (``None`` is returned).
+
+    Cancellation: ``Cancelled`` propagates untouched (so do raw exceptions: they are the
+    explorer's to report)."""
+    try:
+        return await fn()
+    except* (HarnessError, ActorError) as group:
+        note_errors(probe, group, what)
+    return None
+
+
+# -- the rig ----------------------------------------------------------------------------------
+
+
+@attrs.define
+class Rig:
+    """A running runtime: store, persistence and agent loop over one backend."""
+
+    store: Store
+    persistence: Persistence
+    loop: AgentLoop
+    backend: Backend
+
+
+@asynccontextmanager
+async def rig(
+    probe: Probe, backend: Backend, *, script: Sequence[Any] = (), write_delay: float = 0.2
+) -> AsyncIterator[Rig]:
+    """Store + persistence + agent loop (the scripted provider, two tools)."""
+    provider = ScriptedProvider(list(script))
+    async with (
+        open_store() as store,
+        open_persistence(store, backend, write_delay=write_delay) as persistence,
+        open_agent_loop(store, provider=provider, tools=TOOLS, persistence=persistence) as loop,
+    ):
+        yield Rig(store, persistence, loop, backend)
+
+
+class OwnerCloser:
+    """The ``owner`` canceller: closes the owner's lifetime at once (synchronously, from
+    the instrument) and wakes a helper task that awaits ``owner.aclose`` (cancelling the
+    tasks the owner owns), as an owner going away does."""
+
+    def __init__(self, owner: Owner) -> None:
+        self.owner = owner
+        self.reason = "owner closed"
+        self._go = trio.Event()
+
+    def __call__(self) -> None:
+        self.owner.close(self.reason)
+        self._go.set()
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """The helper task (start it with ``nursery.start`` before arming). Cancellation:
+        cancel its nursery when done; a cancelled ``aclose`` still cancelled the tasks."""
+        task_status.started()
+        await self._go.wait()
+        await self.owner.aclose(self.reason)
+
+
+class Caller:
+    """The ``caller`` canceller: the scenario's own calls run in ``with caller.scope():``
+    blocks; cancelling the caller cancels the open block and every later one (a caller
+    that gave up does not come back)."""
+
+    def __init__(self) -> None:
+        self.cancelled = False
+        self._open: list[trio.CancelScope] = []
+
+    def cancel(self) -> None:
+        self.cancelled = True
+        for scope in self._open:
+            scope.cancel()
+
+    @contextmanager
+    def scope(self) -> Iterator[trio.CancelScope]:
+        with trio.CancelScope() as scope:
+            if self.cancelled:
+                scope.cancel()
+            self._open.append(scope)
+            try:
+                yield scope
+            finally:
+                self._open.remove(scope)
+
+
+def bind_teardown(probe: Probe, loop: AgentLoop | None, store: Store, body: trio.CancelScope) -> None:
+    def teardown() -> None:
+        if loop is not None:
+            loop.teardown.close("agent loop is not active")
+        store.runtime.teardown.close("runtime stopping")
+        body.cancel()
+
+    probe.canceller("teardown", teardown)
+
+
+@tool("add", "Add a and b", {"type": "object", "properties": {"a": {"type": "number"}, "b": {"type": "number"}}})
+async def _add(args: dict[str, Any]) -> Any:
+    await trio.sleep(0.01)
+    return {"sum": args.get("a", 0) + args.get("b", 0)}
+
+
+@tool("echo", "Echo the text back")
+async def _echo(args: dict[str, Any]) -> Any:
+    await trio.lowlevel.checkpoint()
+    return str(args.get("text", ""))
+
+
+TOOLS: Final = ToolSet([_add, _echo])
+TURN_SCRIPT: Final = [
+    [Think("plan"), Say("adding"), Call("add", {"a": 1, "b": 2}), Call("echo", {"text": "hi"})],
+    [Say("done: 3")],
+]
+
+
+# -- checks -----------------------------------------------------------------------------------
+
+
+async def flush_and_acknowledge(probe: Probe, handle: SessionHandle, what: str) -> bool:
+    """Flush ``handle``; once the flush returned, acknowledge everything it covered.
+    Returns whether it did (a typed failure is checked as by :func:`guarded`).
+
+    Cancellation: a cancelled flush acknowledges nothing; ``Cancelled`` propagates."""
+    events = handle.events  # what the flush covers: everything appended before the call
+    failed = False
+    try:
+        await handle.flush()
+    except* (HarnessError, ActorError) as group:
+        note_errors(probe, group, what)
+        failed = True
+    if failed:
+        return False
+    if len(events):
+        probe.acknowledge(handle.id, len(events) - 1, [event_to_record(e) for e in events])
+    return True
+
+
+def check_live(probe: Probe, handle: SessionHandle, *, idle: bool) -> None:
+    """The in-memory log: balanced, and closed once no turn runs on it."""
+    probe.record(check_log(list(handle.events), live=not idle), prefix=f'live "{handle.id}": ')
+
+
+async def check_runtime_live(probe: Probe, r: Rig) -> None:
+    """While the runtime runs: every live session stored on disk holds its lock.
+
+    Cancellation: only the store round trip is cancellable; then nothing is checked."""
+    live = await guarded(probe, "store.list", r.store.list)
+    if live is not None:
+        probe.record(check_writer_locks(live, r.backend))
+
+
+def check_runtime_exited(probe: Probe, loop: AgentLoop | None) -> None:
+    """Once the runtime's blocks have exited: preparations settled, no task left."""
+    if loop is not None:
+        probe.record(check_preparations(loop.stats))
+    probe.record(check_no_tasks_left(probe.live_tasks()))
+
+
+# -- scenarios --------------------------------------------------------------------------------
+
+
+async def agent_turn(probe: Probe, kind: str) -> None:
+    """Create an agent, run a turn with two tool calls, flush, dispose.
+
+    Cancellation (every scenario): the explorer's cancellers cancel parts of it at step
+    k; anything else (the explorer's hang watchdog) cancels the whole scenario."""
+    backend = make_backend(probe, kind)
+    handles: list[AgentHandle] = []
+    try:
+        async with trio.open_nursery() as helpers, Owner("app") as owner:
+            closer = OwnerCloser(owner)
+            await helpers.start(closer.run)
+            loop: AgentLoop | None = None
+            async with rig(probe, backend, script=TURN_SCRIPT) as r:
+                loop = r.loop
+                with trio.CancelScope() as body:
+                    caller = Caller()
+                    probe.canceller("caller", caller.cancel)
+                    probe.canceller("owner", closer)
+                    bind_teardown(probe, r.loop, r.store, body)
+                    probe.canceller("agent-cancel", lambda: handles[0].agent.cancel("parent") if handles else None)
+                    probe.arm()
+                    with caller.scope():
+                        h = await guarded(probe, "create", lambda: r.loop.create("chat", owner=owner, cwd="/chaos"))
+                        if h is not None:
+                            handles.append(h)
+                            track_session(probe, h.session)
+                            await guarded(probe, "run_turn", lambda: h.run_turn("please add 1 and 2"))
+                            await flush_and_acknowledge(probe, h.session, "flush")
+                    for h in handles:
+                        check_live(probe, h.session, idle=not h.agent.busy)
+                    await check_runtime_live(probe, r)
+                    with caller.scope():
+                        for h in handles:
+                            await h.dispose()
+            check_runtime_exited(probe, loop)
+            helpers.cancel_scope.cancel()
+    finally:
+        close_backend(backend)
+    probe.disarm()
+    check_at_rest(probe, kind)
+
+
+async def _seed(probe: Probe, kind: str, sid: str) -> None:
+    """A stored session with one completed turn (run disarmed)."""
+    backend = make_backend(probe, kind)
+    try:
+        async with rig(probe, backend, script=TURN_SCRIPT) as r, Owner("seed") as owner:
+            h = await r.loop.create(sid, owner=owner, cwd="/chaos")
+            track_session(probe, h.session)
+            await h.run_turn("seed turn")
+            await flush_and_acknowledge(probe, h.session, "seed flush")
+            await h.dispose()
+    finally:
+        close_backend(backend)
+
+
+async def resume(probe: Probe, kind: str) -> None:
+    """Resume a persisted session through ``AgentLoop.resume``, run a turn, dispose."""
+    await _seed(probe, kind, "s1")
+    backend = make_backend(probe, kind)
+    handles: list[AgentHandle] = []
+    try:
+        async with trio.open_nursery() as helpers, Owner("app") as owner:
+            closer = OwnerCloser(owner)
+            await helpers.start(closer.run)
+            loop: AgentLoop | None = None
+            async with rig(probe, backend, script=TURN_SCRIPT) as r:
+                loop = r.loop
+                with trio.CancelScope() as body:
+                    caller = Caller()
+                    probe.canceller("caller", caller.cancel)
+                    probe.canceller("owner", closer)
+                    bind_teardown(probe, r.loop, r.store, body)
+                    probe.arm()
+                    with caller.scope():
+                        h = await guarded(probe, "resume", lambda: r.loop.resume("s1", owner=owner))
+                        if h is not None:
+                            handles.append(h)
+                    if not handles:
+                        # Nothing was published: nothing may be left half-published.
+                        live = await guarded(probe, "store.list", r.store.list)
+                        probe.check(not live, f"resume failed but left live sessions: {live}")
+                        probe.check(not r.loop.list(), f"resume failed but left agents: {r.loop.list()}")
+                    with caller.scope():
+                        for h in handles:
+                            await guarded(probe, "run_turn", partial(h.run_turn, "continue"))
+                            await flush_and_acknowledge(probe, h.session, "flush")
+                    for h in handles:
+                        check_live(probe, h.session, idle=not h.agent.busy)
+                    await check_runtime_live(probe, r)
+                    with caller.scope():
+                        for h in handles:
+                            await h.dispose()
+            check_runtime_exited(probe, loop)
+            helpers.cancel_scope.cancel()
+    finally:
+        close_backend(backend)
+    probe.disarm()
+    check_at_rest(probe, kind)
+    await _prepare_again(probe, kind, "s1")
+
+
+async def _prepare_again(probe: Probe, kind: str, sid: str) -> None:
+    """The writer lock was released: the session can be prepared again (disarmed)."""
+    backend = plain_backend(probe, kind)
+    try:
+        async with open_store() as store, open_persistence(store, backend) as p:
+            try:
+                prep = await p.prepare(sid)
+            except HarnessError as exc:
+                probe.fail(f'"{sid}" cannot be prepared again after the run: {type(exc).__name__}: {exc}')
+            else:
+                await prep.dispose()
+    finally:
+        close_backend(backend)
+
+
+def turn_batches(turn: int, n: int) -> list[list[EventDraft]]:
+    """One complete turn as a list of append batches (no agent: cheap, deterministic)."""
+    call = f"c{turn}-{n}"
+    user = {"id": f"u{turn}", "role": "user", "content": [{"type": "text", "text": f"go {turn}"}], "source": {"kind": "user"}}
+    assistant = {
+        "turn": turn,
+        "step": 1,
+        "message": {
+            "id": f"a{turn}",
+            "role": "assistant",
+            "content": [{"type": "tool-call", "id": call, "name": "t", "arguments": "{}"}],
+            "source": {"kind": "model", "provider": "p", "model": "m"},
+        },
+    }
+    result = {
+        "turn": turn,
+        "step": 1,
+        "message": {
+            "id": f"r{turn}",
+            "role": "user",
+            "content": [{"type": "tool-result", "toolCallId": call, "content": [{"type": "text", "text": "ok"}]}],
+            "source": {"kind": "tool", "callId": call},
+        },
+    }
+    return [
+        [EventDraft("turn/start", {"turn": turn}), EventDraft("user/message", user, "append")],
+        [EventDraft("step/start", {"turn": turn, "step": 1}), EventDraft("assistant/message", assistant, "append")],
+        [EventDraft("tool/call", {"turn": turn, "step": 1, "callId": call, "name": "t", "arguments": "{}"})],
+        [EventDraft("tool/result", result, "append")],
+        [
+            EventDraft("step/end", {"turn": turn, "step": 1}),
+            EventDraft("turn/end", {"turn": turn, "reason": {"kind": "completed"}}),
+        ],
+    ]
+
+
+async def append_turns(handle: SessionHandle, turns: Iterable[int], pause: float = 0.0) -> None:
+    """Append complete turns batch by batch (optionally pausing between batches).
+
+    Cancellation: the actor kernel's contract per batch; a cancelled caller leaves the
+    turn open where it stopped (as a crash would), for repair or a later append."""
+    for turn in turns:
+        for batch in turn_batches(turn, handle.seq):
+            await handle.append_batch(batch)
+            if pause:
+                await trio.sleep(pause)
+
+
+async def fork(probe: Probe, kind: str) -> None:
+    """Fork a live session at its last turn boundary (a closed prefix), then at its last
+    seq (refused while a turn is open), while turns are being appended to it."""
+    backend = make_backend(probe, kind)
+    children: list[SessionHandle] = []
+    try:
+        async with rig(probe, backend, write_delay=0.05) as r:
+            with trio.CancelScope() as body:
+                parent = await r.store.create("parent", cwd="/chaos")
+                track_session(probe, parent)
+                await append_turns(parent, [1])
+                caller = Caller()
+                probe.canceller("caller", caller.cancel)
+                bind_teardown(probe, None, r.store, body)
+                probe.arm()
+
+                async def writer() -> None:
+                    await guarded(probe, "append", lambda: append_turns(parent, [2, 3]))
+
+                async def fork_one(child_id: str, boundary: int | None) -> None:
+                    child: SessionHandle | None = None
+                    try:
+                        child = await r.store.fork(parent, boundary, child_id)
+                    except* OpenTurnError:
+                        pass  # the prefix ends mid-turn: refused, nothing created
+                    except* (HarnessError, ActorError) as group:
+                        note_errors(probe, group, f"fork {child_id}")
+                    if child is None:
+                        return
+                    children.append(child)
+                    track_session(probe, child)
+                    await guarded(probe, f"append to {child_id}", lambda: child.append("feedback/record", {"text": "branch"}))
+
+                async def forker() -> None:
+                    with caller.scope():
+                        for _ in range(3):
+                            await trio.lowlevel.checkpoint()
+                        # At the last turn boundary (always a closed prefix) while the
+                        # writer appends; then at the last seq (refused mid-turn).
+                        ends = [e.seq for e in parent.events if e.type == "turn/end"]
+                        await fork_one("child", ends[-1])
+                        await fork_one("child2", None)
+
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(writer)
+                    nursery.start_soon(forker)
+                with caller.scope():
+                    for h in [parent, *children]:
+                        if h.alive:
+                            await flush_and_acknowledge(probe, h, f'flush "{h.id}"')
+                if not caller.cancelled and not body.cancel_called:
+                    check_live(probe, parent, idle=True)
+                for child in children:
+                    check_live(probe, child, idle=True)
+                    _check_fork_prefix(probe, parent, child)
+                # A child the store created for a cancelled caller is live too: track it.
+                for h in await guarded(probe, "store.list", r.store.list) or []:
+                    track_session(probe, h)
+                await check_runtime_live(probe, r)
+        check_runtime_exited(probe, None)
+    finally:
+        close_backend(backend)
+    probe.disarm()
+    check_at_rest(probe, kind)
+
+
+def _check_fork_prefix(probe: Probe, parent: SessionHandle, child: SessionHandle) -> None:
+    header = child.header
+    probe.check(header.parent_session == parent.id, f"fork child names parent {header.parent_session!r}")
+    seed = header.seed_length
+    if seed is None:
+        probe.fail("fork child has no seedLength")
+        return
+    mine = [event_to_record(e) for e in list(child.events)[:seed]]
+    theirs = [event_to_record(e) for e in list(parent.events)[:seed]]
+    probe.check(mine == theirs, f"fork child's first {seed} events differ from the parent's")
+
+
+async def lifecycle(probe: Probe, kind: str) -> None:
+    """Create, append, flush and detach sessions concurrently; re-open a detached one
+    while it retires."""
+    backend = make_backend(probe, kind)
+    try:
+        async with rig(probe, backend, write_delay=0.05) as r:
+            store, p = r.store, r.persistence
+            with trio.CancelScope() as body:
+                caller = Caller()
+                probe.canceller("caller", caller.cancel)
+                bind_teardown(probe, None, store, body)
+                probe.arm()
+                detached = trio.Event()
+
+                async def first() -> None:
+                    try:
+                        a = await guarded(probe, "create a", lambda: store.create("a", cwd="/chaos"))
+                        if a is None:
+                            return
+                        track_session(probe, a)
+                        await guarded(probe, "append a", lambda: append_turns(a, [1]))
+                        await flush_and_acknowledge(probe, a, "flush a")
+                        await guarded(probe, "detach a", lambda: store.detach(a))
+                    finally:
+                        detached.set()
+
+                async def second() -> None:
+                    b = await guarded(probe, "create b", lambda: store.create("b", cwd="/chaos"))
+                    if b is None:
+                        return
+                    track_session(probe, b)
+                    async with trio.open_nursery() as nursery:
+                        nursery.start_soon(guarded, probe, "append b", lambda: append_turns(b, [1, 2]))
+                        nursery.start_soon(flush_and_acknowledge, probe, b, "flush b (concurrent)")
+                    await flush_and_acknowledge(probe, b, "flush b")
+
+                async def reopen() -> None:
+                    await detached.wait()
+                    if probe.acknowledged.get("a", -1) < 0:
+                        return  # "a" never became durable: nothing to re-open
+                    prep = await guarded(probe, "prepare a", lambda: p.prepare("a"))
+                    if prep is None:
+                        return
+                    a2 = await guarded(probe, "publish a", lambda: p.publish(prep))
+                    if a2 is not None:
+                        await guarded(probe, "append a again", lambda: append_turns(a2, [2]))
+                        await flush_and_acknowledge(probe, a2, "flush a again")
+
+                with caller.scope():
+                    async with trio.open_nursery() as nursery:
+                        nursery.start_soon(first)
+                        nursery.start_soon(second)
+                        nursery.start_soon(reopen)
+                live = await guarded(probe, "store.list", store.list) or []
+                # Plain appends stop wherever the caller was cancelled (the turn stays
+                # open, as after a crash); uninterrupted, every turn was closed.
+                interrupted = caller.cancelled or body.cancel_called
+                for h in live:
+                    probe.check(h.alive, f'store.list() returned a handle that is not live: "{h.id}"')
+                    check_live(probe, h, idle=not interrupted)
+                await check_runtime_live(probe, r)
+        check_runtime_exited(probe, None)
+    finally:
+        close_backend(backend)
+    probe.disarm()
+    check_at_rest(probe, kind)
+
+
+async def write_behind(probe: Probe, kind: str) -> None:
+    """Turns appended in small batches with the write window running in the background,
+    a flush after every second turn, then a clean close."""
+    backend = make_backend(probe, kind)
+    try:
+        async with rig(probe, backend, write_delay=0.05) as r:
+            with trio.CancelScope() as body:
+                caller = Caller()
+                probe.canceller("caller", caller.cancel)
+                bind_teardown(probe, None, r.store, body)
+                probe.arm()
+                with caller.scope():
+                    w = await guarded(probe, "create", lambda: r.store.create("w", cwd="/chaos"))
+                    if w is not None:
+                        track_session(probe, w)
+                        for pair in ([1, 2], [3, 4]):
+                            await guarded(probe, "append", partial(append_turns, w, pair, pause=0.02))
+                            await flush_and_acknowledge(probe, w, "flush")
+                interrupted = caller.cancelled or body.cancel_called
+                for h in await guarded(probe, "store.list", r.store.list) or []:
+                    check_live(probe, h, idle=not interrupted)
+                await check_runtime_live(probe, r)
+        check_runtime_exited(probe, None)
+    finally:
+        close_backend(backend)
+    probe.disarm()
+    check_at_rest(probe, kind)
+
+
+# -- the registry -----------------------------------------------------------------------------
+
+_DEFS: Final[list[tuple[str, Callable[[Probe, str], Awaitable[None]], str, tuple[str, ...], tuple[str, ...]]]] = [
+    (
+        "agent-turn",
+        agent_turn,
+        "an agent with the scripted provider and two tools runs a turn with tool calls",
+        ("caller", "owner", "teardown", "agent-cancel"),
+        ("checkpoints", "io", "crash"),
+    ),
+    (
+        "resume",
+        resume,
+        "resume a persisted session through AgentLoop.resume, run a turn, dispose",
+        ("caller", "owner", "teardown"),
+        ("checkpoints", "io", "crash"),
+    ),
+    (
+        "fork",
+        fork,
+        "fork a live session (at a turn boundary, then at its last seq) while turns are appended",
+        ("caller", "teardown"),
+        ("checkpoints", "io", "crash"),
+    ),
+    (
+        "lifecycle",
+        lifecycle,
+        "create/append/flush/detach concurrency; re-open a detached session while it retires",
+        ("caller", "teardown"),
+        ("checkpoints", "io", "crash"),
+    ),
+    (
+        "write-behind",
+        write_behind,
+        "appends with the write window running, flushes, clean close",
+        ("caller", "teardown"),
+        ("checkpoints", "io", "crash"),
+    ),
+]
+
+
+def _bind(fn: Callable[[Probe, str], Awaitable[None]], kind: str) -> Callable[[Probe], Awaitable[None]]:
+    async def run(probe: Probe) -> None:
+        await fn(probe, kind)
+
+    run.__name__ = f"{fn.__name__}_{kind}"
+    return run
+
+
+def builtin_scenarios() -> list[Scenario]:
+    """Every built-in scenario, one per backend (``NAME/jsonl``, ``NAME/sqlite``)."""
+    out: list[Scenario] = []
+    for name, fn, description, cancellers, modes in _DEFS:
+        for kind in BACKENDS:
+            out.append(
+                Scenario(
+                    name=f"{name}/{kind}",
+                    run=_bind(fn, kind),
+                    description=description,
+                    cancellers=cancellers,
+                    backend=kind,
+                    modes=modes,
+                    settings=SETTINGS,
+                )
+            )
+    return out
+
+
+def select_scenarios(names: Sequence[str]) -> list[Scenario]:
+    """The built-in scenarios matching ``names`` (``agent-turn`` selects both backends,
+    ``agent-turn/sqlite`` one); all of them for an empty list. Unknown names raise
+    ``KeyError``."""
+    every = builtin_scenarios()
+    if not names:
+        return every
+    out: list[Scenario] = []
+    for name in names:
+        found = [s for s in every if s.name == name or s.name.split("/")[0] == name]
+        if not found:
+            raise KeyError(name)
+        out.extend(s for s in found if s not in out)
+    return out

@@ -1,0 +1,194 @@
+"""`harness chaos`, the built-in scenarios, and the I/O / crash explorers: short runs,
+and proof that the scenarios' checks do fail when the runtime breaks its promises."""
+
+from __future__ import annotations
+
+import io
+import json
+from typing import Any
+
+import pytest
+
+from harness.cli import main as harness_main
+from harness.faults import (
+    ExploreReport,
+    PowerLossFiles,
+    Violation,
+    builtin_scenarios,
+    explore,
+    explore_crash,
+    explore_io,
+    kill_campaign,
+    replay,
+)
+from harness.faults._cli import (
+    BUDGETS,
+    Campaign,
+    plan_campaign,
+    run_campaign,
+    summary_table,
+    violations_text,
+)
+from harness.faults._files import FaultyFiles
+from harness.faults._scenarios import select_scenarios
+from harness.persistence import SessionPreparation
+
+
+def chaos(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    with pytest.raises(SystemExit) as exit_info:
+        harness_main(["chaos", *args])
+    out, err = capsys.readouterr()
+    return int(exit_info.value.code or 0), out, err
+
+
+def test_chaos_json_run_is_parsed(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = chaos(capsys, "write-behind/jsonl", "--mode", "io", "--budget", "ci", "--json")
+    assert code == 0, out
+    data = json.loads(out)
+    (report,) = data["reports"]
+    assert report["scenario"] == "write-behind/jsonl" and report["mode"] == "io" and report["backend"] == "jsonl"
+    n = report["dry_steps"]["0"]
+    assert n > 10 and report["steps"] == {"enospc": n, "eio": n}
+    assert report["attempts"] == 1 + 2 * n == data["attempts"]
+    assert data["violations"] == 0 and report["violations"] == [] and report["distinct"] == []
+    # Not a terminal: one progress line per finished scenario and mode, no \r bar.
+    assert "chaos: write-behind/jsonl io:" in err and "\r" not in err
+
+
+def test_chaos_table_list_replay_and_usage_errors(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = chaos(capsys, "fork/jsonl", "--mode", "crash", "--budget", "ci")
+    assert code == 0
+    lines = out.splitlines()
+    assert lines[0].split() == ["scenario", "backend", "mode", "canceller", "steps", "attempts", "violations", "wall"]
+    assert lines[2].split()[:4] == ["fork", "jsonl", "crash", "crash"]
+    assert lines[3].split()[:5] == ["sigkill", "jsonl", "kill", "sigkill", "8"]
+    assert lines[-1].endswith("s") and " 0 violation(s)" in lines[-1]
+
+    code, out, _ = chaos(capsys, "--list")
+    assert code == 0 and len([ln for ln in out.splitlines() if not ln.startswith(" ")]) == len(builtin_scenarios()) == 10
+    assert "agent-turn/sqlite" in out and "agent-cancel" in out
+
+    code, out, _ = chaos(capsys, "--replay", "write-behind/jsonl:seed=0:k=3:eio")
+    assert code == 0 and out.startswith("write-behind/jsonl:seed=0:k=3:eio: ")
+    code, out, _ = chaos(capsys, "--replay", "agent-turn/jsonl:seed=0:k=40:owner")
+    assert code == 0 and "injected before a step of" in out
+
+    assert chaos(capsys, "no-such-scenario")[0] == 2
+    assert chaos(capsys, "--replay", "not a key")[0] == 2
+    assert chaos(capsys, "--replay", "resume:seed=0:k=1:caller")[0] == 2  # names two scenarios
+    assert chaos(capsys, "--seeds", "0")[0] == 2
+
+
+def test_summary_and_violation_text() -> None:
+    v = Violation("resume/jsonl", "owner", 41, 3, "turn 2 is still open", "actor:store", ("m:1 f", "m:2 g"))
+    report = ExploreReport("resume/jsonl", "checkpoints", {"caller": 10, "owner": 10}, 21, (v, v), 1.25, {3: 10}, "jsonl")
+    campaign = Campaign([report], wall_time=1.5)
+    table = summary_table(campaign)
+    rows = table.splitlines()
+    assert rows[2].split() == ["resume", "jsonl", "checkpoints", "caller", "10", "21", "0", "1.2s"]
+    assert rows[3].split() == ["owner", "10", "2"]
+    assert rows[-1] == "21 attempts, 2 violation(s), 1.5s"
+    text = violations_text(campaign)
+    assert text.splitlines()[:3] == [
+        "resume/jsonl:seed=3:k=41:owner  (x2)",
+        "    turn 2 is still open",
+        "    injected before a step of actor:store",
+    ]
+    assert campaign.to_json()["violations"] == 2
+
+
+def test_campaign_plans_and_parallel_runs_agree() -> None:
+    scenarios = select_scenarios(["fork/jsonl", "write-behind/jsonl"])
+    plan = plan_campaign(scenarios, modes=["checkpoints", "crash"], seeds=2, budget=BUDGETS["ci"])
+    assert [(i.scenario, i.mode) for i in plan] == [
+        ("fork/jsonl", "checkpoints"),
+        ("write-behind/jsonl", "checkpoints"),
+        ("fork/jsonl", "crash"),
+        ("write-behind/jsonl", "crash"),
+        ("sigkill/jsonl", "kill"),
+    ]
+    assert plan[-1].kills == 8
+    assert plan_campaign(scenarios, modes=["crash"], seeds=50, budget=BUDGETS["ci"])[-1].kills == 200
+    one = run_campaign(scenarios, modes=["io"], seeds=1, budget=BUDGETS["ci"], jobs=1)
+    two = run_campaign(scenarios, modes=["io"], seeds=1, budget=BUDGETS["ci"], jobs=2)
+    assert [(r.scenario, dict(r.steps), r.attempts) for r in one.reports] == [
+        (r.scenario, dict(r.steps), r.attempts) for r in two.reports
+    ]
+    assert one.violations == two.violations == 0
+
+
+def test_kill_campaign_short() -> None:
+    report = kill_campaign("jsonl", kills=2, seed=7)
+    assert report.mode == "kill" and report.steps == {"sigkill": 2} and report.ok, report.violations
+    with pytest.raises(ValueError):
+        replay(select_scenarios(["write-behind/jsonl"])[0], "sigkill/jsonl:seed=0:k=1:sigkill")
+
+
+def test_io_attempts_inject_their_fault_and_replay() -> None:
+    scenario = select_scenarios(["write-behind/sqlite"])[0]
+    report = explore_io(scenario, stride=8)
+    assert report.ok, report.distinct()
+    assert set(report.steps) == {"full", "ioerr"} and report.notes == ()
+    attempt = replay(scenario, "write-behind/sqlite:seed=0:k=5:full")
+    assert attempt.outcome == "ok" and any("disk is full" in line for line in attempt.logs)
+
+
+# -- the checks fail when the runtime breaks its promises -------------------------------------
+
+
+def test_crash_mode_catches_a_disk_that_lies_about_fsync(monkeypatch: pytest.MonkeyPatch) -> None:
+    # fsync happens but is not recorded as durable: the power cut drops what was
+    # acknowledged, as on a disk with a lying write cache.
+    monkeypatch.setattr(PowerLossFiles, "fsync", lambda self, fd: FaultyFiles.fsync(self, fd))
+    report = explore_crash(select_scenarios(["write-behind/jsonl"])[0])
+    lost = [v for v in report.violations if "acknowledged event" in v.message and "lost" in v.message]
+    assert lost, report.distinct()
+
+
+def test_checkpoint_mode_catches_a_leaked_writer_lock(monkeypatch: pytest.MonkeyPatch) -> None:
+    async def dispose_keeping_the_lock(self: SessionPreparation) -> None:
+        self.disposed = True  # forgets to release the writer lock
+
+    monkeypatch.setattr(SessionPreparation, "dispose", dispose_keeping_the_lock)
+    scenario = select_scenarios(["resume/jsonl"])[0]
+    report = explore(scenario, cancellers=["owner"], stride=6)
+    messages = {v.message for v in report.violations}
+    assert any("cannot be prepared again" in m or "still holds its writer lock" in m for m in messages), messages
+
+
+def test_checkpoint_mode_catches_an_unshielded_turn_end(monkeypatch: pytest.MonkeyPatch) -> None:
+    from harness.agent import _agent
+
+    async def finish_unshielded(self: Any, turn: int, steps: Any, outcome: Any, **kwargs: Any) -> None:
+        await self.session.append("turn/end", {"turn": turn, "reason": outcome})
+
+    monkeypatch.setattr(_agent.Agent, "_finish", finish_unshielded)
+    report = explore(select_scenarios(["agent-turn/jsonl"])[0], cancellers=["caller"], stride=4)
+    assert any("still open" in v.message or "without a result" in v.message for v in report.violations), report.distinct()
+
+
+def test_scenarios_accept_only_lifecycle_errors() -> None:
+    from harness.errors import InvariantError, SessionNotLiveError
+    from harness.faults import Probe
+    from harness.faults._scenarios import note_errors
+
+    probe = Probe(scenario="s", seed=0, k=0, canceller_name=None, tmp_path=__import__("pathlib").Path("."))
+    note_errors(probe, SessionNotLiveError("gone"), "append")
+    assert probe.messages == []
+    note_errors(probe, ExceptionGroup("g", [InvariantError("bad")]), "append")
+    assert probe.messages == ['append: unexpected InvariantError: invariant violated by "@deepseek-ai/dsh-session": bad']
+
+
+def test_progress_bar_on_a_terminal() -> None:
+    from harness.faults._cli import Progress
+
+    class Tty(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    stream = Tty()
+    progress = Progress(stream)
+    progress.update("fork/jsonl seed=0 caller", 5, 5)
+    assert stream.getvalue().startswith("\r[########################]     5/5")
+    progress.finished(ExploreReport("fork/jsonl", "checkpoints", {"caller": 5}, 6, (), 0.5))
+    assert stream.getvalue().endswith("chaos: fork/jsonl checkpoints: 6 attempts (caller 5), 0 violation(s), 0.5s\n")

@@ -1,0 +1,227 @@
+"""SQLite writer leases (issue #9 §2.5): holder identity, expiry, renewal, fencing."""
+
+from __future__ import annotations
+
+import os
+import socket
+import sqlite3
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from harness.errors import FlushError, LeaseLostError, SessionLockedError
+from harness.persistence import SqliteBackend, open_persistence
+from harness.persistence._sqlite import SCHEMA_VERSION, process_start_time
+from harness.runtime import open_store
+from tests.helpers import rec, user
+
+H: dict[str, Any] = {"version": 0, "id": "s", "createdAt": 1, "cwd": "/w"}
+
+
+def events(start: int, n: int) -> list[dict[str, Any]]:
+    return [rec("user/message", i, user(f"m{i}"), surfaceOp="append") for i in range(start, start + n)]
+
+
+def fake_lease(path: Path, **row: Any) -> None:
+    """Write a lease row as some other holder would have left it."""
+    values = {
+        "session_id": "s",
+        "fence": 7,
+        "token": "feedfacefeedface",
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "start_time": process_start_time(os.getpid()),
+        "since": 0,
+        "expires": int(time.time() * 1000) + 3_600_000,
+        **row,
+    }
+    db = sqlite3.connect(path)
+    with db:
+        db.execute(
+            "INSERT OR REPLACE INTO leases (session_id, fence, token, host, pid, start_time, since, expires) "
+            "VALUES (:session_id, :fence, :token, :host, :pid, :start_time, :since, :expires)",
+            values,
+        )
+    db.close()
+
+
+def lease_row(path: Path) -> tuple[Any, ...]:
+    db = sqlite3.connect(path)
+    row = db.execute("SELECT fence, token, host, pid, start_time FROM leases WHERE session_id = 's'").fetchone()
+    db.close()
+    return tuple(row)
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> Path:
+    path = tmp_path / "s.db"
+    backend = SqliteBackend(path)
+    backend.materialize(H, events(0, 1))
+    backend.close()
+    return path
+
+
+def test_process_start_time() -> None:
+    mine = process_start_time(os.getpid())
+    assert mine is not None and mine == process_start_time(os.getpid())
+    assert process_start_time(2**22 + 12345) is None  # no such process
+
+
+def test_a_reused_pid_does_not_keep_a_dead_lease(db: Path) -> None:
+    mine = process_start_time(os.getpid())
+    assert mine is not None
+    # Same host, a live pid (ours), but another start time: the holder died, its pid was reused.
+    fake_lease(db, start_time=mine - 1000)
+    backend = SqliteBackend(db)
+    lease = backend.acquire_writer(H)
+    assert lease_row(db)[:2] == (8, lease.token)  # type: ignore[attr-defined]  # taken over: fence 7 -> 8
+    backend.append("s", events(1, 1), lease=lease)
+    lease.release()
+
+
+def test_a_dead_pid_on_this_host_is_taken_over(db: Path) -> None:
+    fake_lease(db, pid=2**22 + 12345, start_time=None)
+    SqliteBackend(db).acquire_writer(H).release()
+
+
+def test_a_live_holder_on_this_host_is_respected(db: Path) -> None:
+    # A real other process, with its real start time, and an unexpired lease.
+    ppid = os.getppid()
+    fake_lease(db, pid=ppid, start_time=process_start_time(ppid))
+    with pytest.raises(SessionLockedError) as info:
+        SqliteBackend(db).acquire_writer(H)
+    assert f"process {ppid} on {socket.gethostname()}" in str(info.value)
+    assert SqliteBackend(db).lock_held(H)
+
+
+def test_a_foreign_host_lease_stands_until_it_expires(db: Path) -> None:
+    fake_lease(db, host="elsewhere.example", pid=1, start_time=None)
+    backend = SqliteBackend(db)
+    with pytest.raises(SessionLockedError, match=r"process 1 on elsewhere\.example") as info:
+        backend.acquire_writer(H)
+    assert info.value.holder["host"] == "elsewhere.example"  # type: ignore[index]
+    with pytest.raises(SessionLockedError, match="without its lease"):
+        backend.append("s", events(1, 1))  # no lease: no write while someone holds one
+    fake_lease(db, host="elsewhere.example", pid=1, start_time=None, expires=int(time.time() * 1000) - 1)
+    assert not backend.lock_held(H)
+    lease = backend.acquire_writer(H)  # expired: taken over
+    assert lease_row(db)[0] == 8
+    lease.release()
+
+
+def test_fencing_refuses_a_writer_whose_lease_was_taken_over(tmp_path: Path) -> None:
+    path = tmp_path / "s.db"
+    first = SqliteBackend(path, lease_ttl=0.2)
+    old = first.acquire_writer(H)
+    first.materialize(H, events(0, 2), lease=old)
+    first.close()  # stops its idle renewals, as a frozen process would
+    time.sleep(0.3)  # no write, no renewal: the lease expires (its holder is alive)
+    second = SqliteBackend(path)
+    new = second.acquire_writer(H)
+    with pytest.raises(LeaseLostError) as info:
+        first.append("s", events(2, 3), lease=old)  # it still thinks it holds the lease
+    err = info.value
+    assert err.code == "LEASE_LOST" and isinstance(err, SessionLockedError) and err.session_id == "s"
+    assert "fence 1" in str(err) and "(fence 2)" in str(err) and "3 event(s) were not written" in str(err)
+    with pytest.raises(LeaseLostError):
+        old.renew()
+    assert len(second.load("s").records) == 2  # none of its events landed
+    second.append("s", events(2, 1), lease=new)
+    old.release()  # releasing a lost lease leaves the new holder alone
+    assert second.lock_held(H)
+    second.append("s", events(3, 1), lease=new)
+    new.release()
+    assert not second.lock_held(H)
+
+
+def test_every_write_renews_the_lease(tmp_path: Path) -> None:
+    path = tmp_path / "s.db"
+    writer = SqliteBackend(path, lease_ttl=1.0)
+    lease = writer.acquire_writer(H)
+    writer.materialize(H, events(0, 1), lease=lease)
+    writer.close()  # no idle renewals: only the writes below renew
+    other = SqliteBackend(path)
+    for i in range(1, 5):
+        time.sleep(0.4)
+        writer.append("s", events(i, 1), lease=lease)  # renews
+        with pytest.raises(SessionLockedError):
+            other.acquire_writer(H)  # 1.6 s after the lease was taken, with a TTL of 1 s
+    time.sleep(0.4)
+    lease.renew()  # an idle holder renews explicitly
+    time.sleep(0.4)
+    with pytest.raises(SessionLockedError):
+        other.acquire_writer(H)
+    time.sleep(0.7)
+    other.acquire_writer(H).release()  # expired at last
+
+
+async def test_a_live_writer_keeps_its_lease_while_idle(tmp_path: Path) -> None:
+    path = tmp_path / "s.db"
+    async with open_store() as store, open_persistence(store, SqliteBackend(path, lease_ttl=0.6)):
+        s = await store.create("s", cwd="/w")
+        await s.append("feedback/record", 0)
+        await s.flush()
+        await trio.sleep(1.5)  # idle for longer than the TTL: the backend renews
+        with pytest.raises(SessionLockedError):
+            await trio.to_thread.run_sync(SqliteBackend(path).acquire_writer, H)
+        await s.append("feedback/record", 1)
+        await s.flush()
+    assert len(SqliteBackend(path).load("s").records) == 2
+
+
+async def test_a_live_writer_fenced_off_fails_its_flush_and_writes_nothing(tmp_path: Path) -> None:
+    path = tmp_path / "s.db"
+    async with open_store() as store:
+        with pytest.raises(Exception, match="closing failed"):
+            async with open_persistence(store, SqliteBackend(path)):
+                s = await store.create("s", cwd="/w")
+                await s.append("feedback/record", 0)
+                await s.flush()
+                # Someone decided the lease was stale and took it over.
+                fake_lease(path, fence=99, host="elsewhere.example", pid=1)
+                await s.append("feedback/record", 1)
+                with pytest.raises(FlushError) as info:
+                    await s.flush()
+                assert isinstance(info.value.__cause__, LeaseLostError)
+    assert len(SqliteBackend(path).load("s").records) == 1
+
+
+def test_a_v1_database_is_migrated_in_place(tmp_path: Path) -> None:
+    path = tmp_path / "v1.db"
+    db = sqlite3.connect(path, isolation_level=None)
+    db.executescript(
+        """
+        CREATE TABLE sessions (id TEXT PRIMARY KEY, header TEXT NOT NULL, incarnation TEXT NOT NULL,
+                               revision INTEGER NOT NULL) STRICT;
+        CREATE TABLE events (session_id TEXT NOT NULL REFERENCES sessions(id) ON DELETE CASCADE,
+                             seq INTEGER NOT NULL, type TEXT NOT NULL, record TEXT NOT NULL,
+                             PRIMARY KEY (session_id, seq)) STRICT, WITHOUT ROWID;
+        CREATE TABLE leases (session_id TEXT PRIMARY KEY, token TEXT NOT NULL, pid INTEGER NOT NULL,
+                             host TEXT NOT NULL, since INTEGER NOT NULL) STRICT;
+        PRAGMA application_id=1414024787;
+        PRAGMA user_version=1;
+        """
+    )
+    db.execute(
+        "INSERT INTO sessions VALUES ('s', ?, 'inc', 0)",
+        ('{"type":"session","version":0,"id":"s","createdAt":1,"delegationDepth":0}',),
+    )
+    db.execute(
+        "INSERT INTO events VALUES ('s', 0, 'feedback/record', ?)",
+        ('{"type":"feedback/record","seq":0,"time":1,"data":{}}',),
+    )
+    now = int(time.time() * 1000)  # an unexpired v1 lease of an impossible (dead) pid
+    db.execute("INSERT INTO leases VALUES ('s', 'old', 2147483000, ?, ?)", (socket.gethostname(), now))
+    db.close()
+    backend = SqliteBackend(path)
+    assert [r["seq"] for r in backend.load("s").records] == [0]
+    check = sqlite3.connect(path)
+    assert check.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 2
+    assert check.execute("SELECT fence, token, pid, start_time FROM leases").fetchall() == [(1, "old", 2147483000, None)]
+    check.close()
+    lease = backend.acquire_writer(H)  # the v1 holder (an impossible pid) is dead: taken over
+    assert lease_row(path)[0] == 2
+    lease.release()
