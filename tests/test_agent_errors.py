@@ -183,3 +183,65 @@ async def test_cancelled_turn_never_answers_a_call_twice(n: int, tmp_path: Path)
             balanced(s)
             results = [thaw(e.data)["message"]["content"][0]["toolCallId"] for e in s.events if e.type == "tool/result"]
             assert len(results) == len(set(results)), (k, results)
+
+
+async def test_a_provider_that_never_closes_its_stream_is_bounded(caplog: pytest.LogCaptureFixture) -> None:
+    from harness.agent import Agent
+    from harness.agent._provider import ModelRequest, TextDelta
+    from harness.errors import SessionError
+
+    class Stuck:
+        name = "stuck"
+        model = "stuck-1"
+        context_window = None
+
+        async def stream(self, request: ModelRequest) -> Any:
+            try:
+                yield TextDelta(0, "hel")
+                await trio.sleep_forever()
+            finally:
+                # A cleanup that never ends on its own (the agent runs it shielded
+                # from the turn's cancellation, so only the bound can end it).
+                await trio.sleep_forever()
+
+    def veto_chunks(handle: Any, events: Any) -> None:
+        if any(e.type == "assistant/chunk" for e in events):
+            raise SessionError("no chunks today")
+
+    async with open_store(validator_factory=RelationalInvariants) as store:
+        store.add_pre_commit_hook(veto_chunks)
+        s = await store.create()
+        # One chunk per batch: the vetoed append leaves the stream suspended at its
+        # yield, so the agent must close it (aclose runs the hanging cleanup).
+        agent = Agent(s, Stuck(), close_grace=0.05, chunk_batch=1)  # type: ignore[arg-type]
+        with trio.fail_after(5):
+            result = await agent.run_turn("go")
+        assert result.kind == "error" and result.reason["error"]["code"] == "SESSION_INVALID"
+        balanced(s)
+    assert "did not close its stream" in caplog.text
+
+
+async def test_dispose_waits_for_a_wedged_turn_only_so_long(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    @tool("wedge", "Ignores cancellation")
+    async def wedge(args: dict[str, Any]) -> Any:
+        with trio.CancelScope(shield=True):
+            await trio.sleep(1.0)  # far beyond the grace below
+        return "late"
+
+    provider = ScriptedProvider([[Call("wedge")], [Say("never")]])
+    async with open_store() as store, open_persistence(store, JsonlBackend(tmp_path)) as p:
+        async with open_agent_loop(store, provider=provider, tools=ToolSet([wedge]), persistence=p) as loop, Owner("app") as owner:
+            loop.dispose_grace = 0.05
+            h = await loop.create("a", owner=owner)
+            async with trio.open_nursery() as n:
+
+                async def turn() -> None:
+                    with pytest.raises(Exception):  # noqa: B017 - the session is gone under it
+                        await h.run_turn("go")
+
+                n.start_soon(turn)
+                await trio.sleep(0.02)
+                with trio.fail_after(0.5):
+                    await h.dispose()  # returns after the grace, not after the tool
+                assert h.disposed and await store.get("a") is None
+    assert "did not end within" in caplog.text
