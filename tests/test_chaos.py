@@ -192,3 +192,42 @@ def test_progress_bar_on_a_terminal() -> None:
     assert stream.getvalue().startswith("\r[########################]     5/5")
     progress.finished(ExploreReport("fork/jsonl", "checkpoints", {"caller": 5}, 6, (), 0.5))
     assert stream.getvalue().endswith("chaos: fork/jsonl checkpoints: 6 attempts (caller 5), 0 violation(s), 0.5s\n")
+
+
+# -- the explorer finds issue #9's first two bugs by itself when their fix is reverted ------
+
+
+def test_checkpoint_mode_finds_the_old_call_contract(monkeypatch: pytest.MonkeyPatch) -> None:
+    import actors._actor as kernel
+
+    async def old_call(self: Any, message: Any) -> Any:
+        # eddf553's ActorRef.call: a cancellation once the message was taken reached
+        # the caller as Cancelled although the message was (or had just been) applied.
+        env = kernel._Envelope(message, reply=True)
+        await self._enqueue(env)
+        try:
+            await env.done.wait()  # type: ignore[union-attr]
+        except BaseException:
+            if env.state is kernel._State.QUEUED:
+                env.state = kernel._State.WITHDRAWN
+            raise
+        return env.result.unwrap()  # type: ignore[union-attr]
+
+    monkeypatch.setattr(kernel.ActorRef, "call", old_call)
+    report = explore(select_scenarios(["lifecycle/jsonl"])[0], cancellers=["caller"])
+    messages = {v.message for v in report.violations}
+    assert any("writer lock is not held" in m for m in messages), report.distinct()
+
+
+def test_checkpoint_mode_finds_the_old_owner(monkeypatch: pytest.MonkeyPatch) -> None:
+    import actors._lifetimes as lifetimes
+
+    async def old_aclose(self: Any, reason: object = "owner closed") -> None:
+        # eddf553's Owner.aclose: cancel the one nursery that ran both the owned tasks
+        # and the body of the `async with`, and return without waiting for them.
+        self.close(reason)
+        self._cm._nursery.cancel_scope.cancel()
+
+    monkeypatch.setattr(lifetimes.Owner, "aclose", old_aclose)
+    report = explore(select_scenarios(["agent-turn/jsonl"])[0], cancellers=["owner"], stride=3)
+    assert any("still open" in v.message for v in report.violations), report.distinct()
