@@ -21,7 +21,8 @@ async def run_bounded(fn: Callable[[], Awaitable[object]], seconds: float, *, sh
     Giving up cancels ``fn`` (it runs in a cancel scope). ``shield=True`` protects
     ``fn`` from the caller's cancellation, so the bound is the only way it ends
     early: use it for cleanup that should finish but must not hang forever.
-    Without ``shield``, a cancelled caller gets ``Cancelled`` as usual.
+    Without ``shield``, a cancelled caller gets ``Cancelled`` as usual (a bare one,
+    never a group).
     """
     started = time.monotonic()
     finished = False
@@ -41,9 +42,20 @@ async def run_bounded(fn: Callable[[], Awaitable[object]], seconds: float, *, sh
                 finished = True
                 nursery.cancel_scope.cancel()
         except BaseExceptionGroup as group:
-            # The watchdog never fails, so the group holds fn's one exception:
-            # the caller gets it as fn raised it, not wrapped.
+            # The watchdog never fails: the group holds fn's one exception, or the
+            # Cancelled of fn and of the watchdog when the caller was cancelled. The
+            # caller gets what fn raised (a bare Cancelled), not a wrapper.
             if len(group.exceptions) == 1:
                 raise group.exceptions[0] from group.exceptions[0].__cause__
+            cancelled, rest = group.split(trio.Cancelled)
+            if rest is None and cancelled is not None:
+                raise _first_leaf(cancelled) from None
             raise
     return finished
+
+
+def _first_leaf(group: BaseExceptionGroup[BaseException]) -> BaseException:
+    exc: BaseException = group
+    while isinstance(exc, BaseExceptionGroup):
+        exc = exc.exceptions[0]
+    return exc

@@ -201,11 +201,18 @@ async def run_abandonable(
         if slot.abandoned:
             if isinstance(result, outcome.Value):
                 await _dispose_shielded(dispose, result.value)
-            elif isinstance(result.error, Exception):
-                (on_late_error or _log_late)(result.error)
-            else:
-                result.unwrap()  # KeyboardInterrupt and friends are not ours to swallow
-            return
+                return
+            error: BaseException | None = result.error
+            if isinstance(error, BaseExceptionGroup):
+                # The operation's own nursery may mix our cancellation with its
+                # failures: the cancellation was ours, the failures are reported.
+                error = error.split(trio.Cancelled)[1]
+            if error is None:
+                return
+            if isinstance(error, Exception):
+                (on_late_error or _log_late)(error)
+                return
+            raise error  # KeyboardInterrupt and friends are not ours to swallow
         slot.result = result
         slot.delivered = True
         slot.done.set()

@@ -126,8 +126,11 @@ class ActorRuntime:
         cell, send = item
         cell.closing = True
         send.close()
-        if not await run_bounded(cell.stopped.wait, self.stop_grace):
-            log.warning("actor %r did not stop within %g s; cancelling it", ref.name, self.stop_grace)
-            cell.scope.cancel()
-            await cell.stopped.wait()
-        self._actors.pop(ref, None)
+        try:
+            if not await run_bounded(cell.stopped.wait, self.stop_grace):
+                log.warning("actor %r did not stop within %g s; cancelling it", ref.name, self.stop_grace)
+                cell.scope.cancel()
+                await cell.stopped.wait()
+        finally:
+            if cell.stopped.is_set():
+                self._actors.pop(ref, None)

@@ -490,3 +490,60 @@ async def test_run_bounded_is_not_fooled_by_a_jumping_clock(autojump_clock: trio
     threading.Timer(0.05, gate.set).start()
     # The clock jumps while the thread blocks; the bound is also wall-clock time.
     assert await run_bounded(lambda: trio.to_thread.run_sync(gate.wait), 1.0)
+
+
+async def test_run_bounded_cancelled_caller_gets_a_bare_cancelled() -> None:
+    from actors import run_bounded
+
+    nonlocal_seen: list[BaseException] = []
+
+    with trio.CancelScope() as scope:
+
+        async def cancel_soon() -> None:
+            await trio.sleep(0.01)
+            scope.cancel()
+
+        async with trio.open_nursery() as n:
+            n.start_soon(cancel_soon)
+            try:
+                await run_bounded(trio.sleep_forever, 10.0)
+            except BaseException as exc:
+                nonlocal_seen.append(exc)
+                raise
+    assert scope.cancelled_caught
+    assert [type(e) for e in nonlocal_seen] == [trio.Cancelled]  # bare, not a group
+
+
+async def test_failures_mixed_with_the_cancellation_of_an_abandoned_operation_are_reported() -> None:
+    owner = Lifetime("owner")
+    late: list[BaseException] = []
+    release = trio.Event()
+
+    async def op() -> int:
+        async with trio.open_nursery() as n:
+
+            async def fails_when_released() -> None:
+                with trio.CancelScope(shield=True):
+                    await release.wait()
+                raise OSError("disk gone")
+
+            n.start_soon(fails_when_released)
+            await trio.sleep_forever()  # cancelled when abandoned
+        return 1  # pragma: no cover
+
+    async def dispose(value: int) -> None:  # pragma: no cover - never called
+        pass
+
+    async with trio.open_nursery() as long_lived:
+
+        async def waiter() -> None:
+            with pytest.raises(LifetimeClosedError):
+                await run_abandonable(long_lived, op, dispose=dispose, lifetimes=[owner], on_late_error=late.append)
+
+        async with trio.open_nursery() as n:
+            n.start_soon(waiter)
+            await trio.testing.wait_all_tasks_blocked()
+            owner.close("gone")
+        release.set()
+    assert [type(e) for e in late] == [ExceptionGroup]
+    assert isinstance(late[0], ExceptionGroup) and [type(e) for e in late[0].exceptions] == [OSError]

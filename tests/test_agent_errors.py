@@ -144,8 +144,7 @@ async def test_a_failed_stream_commits_no_pending_chunk() -> None:
         balanced(s)
 
 
-@pytest.mark.parametrize("n", [1])
-async def test_cancelled_turn_never_answers_a_call_twice(n: int, tmp_path: Path) -> None:
+async def test_cancelled_turn_never_answers_a_call_twice() -> None:
     # Cancel the caller at every scheduler step of a turn with tool calls: every
     # tool call has exactly one result and the turn is closed.
     provider_script = [[Call("a"), Call("a")], [Say("ok")]]
@@ -245,3 +244,70 @@ async def test_dispose_waits_for_a_wedged_turn_only_so_long(tmp_path: Path, capl
                     await h.dispose()  # returns after the grace, not after the tool
                 assert h.disposed and await store.get("a") is None
     assert "did not end within" in caplog.text
+
+
+async def test_a_raw_stream_failure_is_a_typed_provider_error() -> None:
+    from harness.agent import Agent
+    from harness.agent._provider import ModelRequest, TextDelta
+
+    class Flaky:
+        name = "flaky"
+        model = "f-1"
+        context_window = None
+
+        async def stream(self, request: ModelRequest) -> Any:
+            yield TextDelta(0, "partial ")
+            raise ConnectionResetError("peer reset the connection")
+
+    async with open_store(validator_factory=RelationalInvariants) as store:
+        s = await store.create()
+        result = await Agent(s, Flaky()).run_turn("go")  # type: ignore[arg-type]
+        assert result.kind == "error"
+        assert result.reason["error"]["code"] == "PROVIDER_STREAM_FAILED"
+        assert "ConnectionResetError" in result.reason["error"]["message"]
+        types = [e.type for e in s.events]
+        assert "assistant/chunk" not in types and "assistant/message" not in types
+        balanced(s)
+
+
+async def test_a_bug_under_a_turn_closes_it_and_propagates() -> None:
+    from harness.agent import Agent
+
+    provider = ScriptedProvider([[Say("hello")]])
+    async with open_store(validator_factory=RelationalInvariants) as store:
+        s = await store.create()
+        agent = Agent(s, provider)
+
+        async def broken_header() -> None:
+            raise ZeroDivisionError("a bug")
+
+        agent._request_header = broken_header  # type: ignore[method-assign]
+        with pytest.raises(ZeroDivisionError):
+            await agent.run_turn("go")
+        assert ends(s) == [{"kind": "error", "error": {"message": "ZeroDivisionError('a bug')", "code": "INTERNAL_ERROR"}}]
+        balanced(s)
+
+
+async def test_owner_aclose_waits_for_a_dispose_started_inside_the_turn(tmp_path: Path) -> None:
+    box: list[Any] = []
+
+    @tool("quit", "Dispose the agent that runs me, then take a while to stop")
+    async def quit_tool(args: dict[str, Any]) -> Any:
+        await box[0].dispose()
+        box[1].set()
+        with trio.CancelScope(shield=True):
+            await trio.sleep(0.05)  # the turn ends only after this
+        return "bye"
+
+    provider = ScriptedProvider([[Call("quit")], [Say("never")]])
+    async with open_store(validator_factory=RelationalInvariants) as store, open_persistence(store, JsonlBackend(tmp_path)) as p:
+        async with open_agent_loop(store, provider=provider, tools=ToolSet([quit_tool]), persistence=p) as loop:
+            owner = Owner("app")
+            async with owner:
+                h = await loop.create("a", owner=owner)
+                box.extend([h, trio.Event()])
+                async with trio.open_nursery() as n:
+                    n.start_soon(h.run_turn, "go")
+                    await box[1].wait()  # the tool has started the dispose
+                    await owner.aclose("app closing")
+                    assert h.disposed and await store.get("a") is None

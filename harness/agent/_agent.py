@@ -10,12 +10,13 @@ import attrs
 import orjson
 import trio
 
-from actors import run_bounded
+from actors import ActorError, run_bounded
 from harness.agent._provider import (
     Finish,
     ModelProvider,
     ModelRequest,
     ProviderError,
+    ProviderStreamError,
     ReasoningDelta,
     TextDelta,
     ToolCallDelta,
@@ -194,12 +195,18 @@ class Agent:
                 outcome["error"]["status"] = exc.status
             await self._finish(turn, steps, outcome, committed_stream=False)
             return TurnResult(turn, outcome)
-        except HarnessError as exc:
-            # The runtime refused or failed (a flush, a session no longer live): an
-            # error of the turn, not an abort by anyone.
+        except (HarnessError, ActorError) as exc:
+            # The runtime refused or failed (a flush, a session no longer live, a reply
+            # whose outcome is unknown): an error of the turn, not an abort by anyone.
             outcome = {"kind": "error", "error": {"message": str(exc), "code": exc.code}}
             await self._finish(turn, steps, outcome, committed_stream=True)
             return TurnResult(turn, outcome)
+        except Exception as exc:
+            # A bug (ours or a hook's): the turn is still closed, as an error, and the
+            # exception propagates so that it is seen.
+            outcome = {"kind": "error", "error": {"message": repr(exc), "code": "INTERNAL_ERROR"}}
+            await self._finish(turn, steps, outcome, committed_stream=True)
+            raise
         except BaseException:
             # The caller was cancelled: the turn still ends.
             outcome = {"kind": "aborted", "reason": self._cause or {"kind": "user"}}
@@ -304,7 +311,19 @@ class Agent:
         try:
             agen = self.provider.stream(request)
             try:
-                async for chunk in agen:
+                while True:
+                    try:
+                        chunk = await agen.__anext__()
+                    except StopAsyncIteration:
+                        break
+                    except ProviderError:
+                        raise
+                    except Exception as exc:
+                        # Whatever the stream raised is a failure of the model call,
+                        # reported as one (typed, nothing more committed from it).
+                        raise ProviderStreamError(
+                            f"provider {self.provider.name} stream failed: {exc!r}"
+                        ) from exc
                     if isinstance(chunk, TextDelta):
                         step.texts.setdefault(chunk.index, []).append(chunk.text)
                         raw: dict[str, Any] = {"type": "text-delta", "index": chunk.index, "text": chunk.text}
@@ -388,12 +407,12 @@ class Agent:
                         error = {"name": type(exc).__name__, "code": getattr(exc, "code", "TOOL_FAILED")}
                 await s.append("tool/result", _tool_result(turn, step.step, call["id"], text, error), surface_op="append")
 
-        failures: list[HarnessError] = []
+        failures: list[Exception] = []
 
         async def guarded(call: dict[str, Any], cancel: trio.CancelScope) -> None:
             try:
                 await run_one(call)
-            except HarnessError as exc:
+            except Exception as exc:
                 # The runtime failed under a tool (a flush, a dead session): the
                 # step cannot go on. Stop the siblings and report one typed error,
                 # not an ExceptionGroup.

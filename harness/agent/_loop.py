@@ -308,9 +308,11 @@ class AgentLoop:
             try:
                 await trio.sleep_forever()
             finally:
-                if not handle._disposing:
-                    with trio.CancelScope(shield=True):
-                        await handle.dispose()
+                # Also when a dispose is already under way (e.g. started from inside
+                # the turn, finishing in the loop's nursery): the owner's aclose
+                # returns only once its agents are disposed.
+                with trio.CancelScope(shield=True):
+                    await handle.dispose()
 
     async def aclose(self) -> None:
         """Stop accepting, close the teardown lifetime, dispose every live agent.

@@ -104,6 +104,13 @@ class RateLimitedError(ProviderError):
     code = "RATE_LIMITED"
 
 
+class ProviderStreamError(ProviderError):
+    """A provider's stream raised something that is not a :class:`ProviderError` (a
+    provider bug, a raw transport error); the original is chained as the cause."""
+
+    code = "PROVIDER_STREAM_FAILED"
+
+
 class ScriptExhaustedError(ProviderError):
     """The scripted provider was asked for more replies than its script holds."""
 
