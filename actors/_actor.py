@@ -71,10 +71,11 @@ class Actor(Generic[M]):
 class ActorRef(Generic[M]):
     """A cheap handle to send messages to one actor.
 
-    Cancellation contract of :meth:`call` (and of :meth:`cast` while it waits for
-    mailbox space): if the caller is cancelled *before* the actor takes the message,
-    the message is withdrawn and never applied; if it is cancelled *after*, the
-    caller gets ``Cancelled`` and the message is still applied to completion.
+    Cancellation contract (decision 0007): a :meth:`call` that raises ``Cancelled``
+    was never applied (withdrawn before the actor took it); once taken, the caller
+    waits for the reply and gets it, the cancellation landing at its next checkpoint
+    (bounded by ``reply_grace``: past it, :class:`ReplyOverdueError`, outcome unknown).
+    :meth:`cast` cancelled while it waits for mailbox space sends nothing.
     """
 
     __slots__ = ("_cell", "_send", "name")

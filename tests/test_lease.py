@@ -225,3 +225,20 @@ def test_a_v1_database_is_migrated_in_place(tmp_path: Path) -> None:
     lease = backend.acquire_writer(H)  # the v1 holder (an impossible pid) is dead: taken over
     assert lease_row(path)[0] == 2
     lease.release()
+
+
+def test_close_stops_the_lease_keeper_before_closing(tmp_path: Path) -> None:
+    import time
+
+    class Slow(SqliteBackend):
+        def _renew(self, lease: Any) -> None:
+            time.sleep(0.2)  # a renewal under way while close() runs
+            super()._renew(lease)
+
+    backend = Slow(tmp_path / "s.db", lease_ttl=0.3)  # the keeper renews every 0.1 s
+    backend.acquire_writer({"type": "session", "version": 0, "id": "s", "createdAt": 1})
+    time.sleep(0.15)  # the keeper is inside _renew
+    backend.close()
+    time.sleep(0.4)
+    assert backend._db is None  # nothing reopened the connection after close
+    assert backend._keeper is None or not backend._keeper.is_alive()

@@ -40,6 +40,7 @@ from harness.persistence import JsonlBackend, OsFiles, SqliteBackend, open_persi
 from harness.persistence._jsonl import LOCKFILE
 from harness.persistence._writer import Leftover
 from harness.runtime import open_store
+from harness.session import EventDraft
 from tests.helpers import rec, user
 
 H: dict[str, Any] = {"version": 0, "id": "s", "createdAt": 1, "cwd": "/w"}
@@ -601,3 +602,113 @@ async def test_an_overrunning_write_wedges_the_writer(tmp_path: Path, monkeypatc
 
 def time_sleep(seconds: float) -> None:
     threading.Event().wait(seconds)
+
+
+async def test_a_resume_after_a_failed_rollback_never_reads_the_torn_batch(tmp_path: Path) -> None:
+    # The failed batch's bytes are still in the file when the session is prepared
+    # again in the same process: they must read as a torn tail (never acknowledged),
+    # be cut by the repair, and later acknowledged appends must survive a fresh load.
+    class Flaky(OsFiles):
+        broken = False
+
+        def fsync(self, fd: int) -> None:
+            if self.broken:
+                raise OSError(errno.EIO, "EIO fsync")
+            super().fsync(fd)
+
+        def ftruncate(self, fd: int, size: int) -> None:
+            if self.broken:
+                raise OSError(errno.EIO, "EIO ftruncate")
+            super().ftruncate(fd, size)
+
+    files = Flaky()
+    end = {"reason": {"kind": "completed"}}
+    acknowledged = -1
+    with contextlib.suppress(BaseException):  # closing reports the dropped leftover
+        async with open_store() as store, open_persistence(store, JsonlBackend(tmp_path, files=files)) as p:
+            s = await store.create("s", cwd="/proj")
+            await s.append_batch([EventDraft("turn/start", {"turn": 1}), EventDraft("turn/end", {"turn": 1, **end})])
+            await s.flush()
+            files.broken = True
+            await s.append_batch([EventDraft("turn/start", {"turn": 2}), EventDraft("turn/end", {"turn": 2, **end})])
+            with pytest.raises(FlushError):
+                await s.flush()
+            await store.detach(s)
+            await p.wait_retired("s")
+            files.broken = False
+            prep = await p.prepare("s")
+            assert [e.type for e in prep.session.events] == ["turn/start", "turn/end", "session/end-seed"]
+            h = await p.publish(prep)
+            await h.append_batch([EventDraft("turn/start", {"turn": 3}), EventDraft("turn/end", {"turn": 3, **end})])
+            await h.flush()
+            acknowledged = h.seq - 1
+            await store.detach(h)
+            await p.wait_retired("s")
+    seqs = [r["seq"] for r in JsonlBackend(tmp_path).load("s").records]
+    assert acknowledged == 4 and seqs == list(range(acknowledged + 1))
+
+
+async def test_a_write_wedged_while_taking_the_lock_still_releases_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The first write hangs inside acquire_writer (the session directory's fsync): the
+    # writer is retired before the thread even holds the lock. When the thread gets
+    # through, the lock it took must be released, not kept for the process's life.
+    class HangingDirFsync(OsFiles):
+        def __init__(self) -> None:
+            self.gate = threading.Event()
+            self.gate.set()
+
+        def fsync_dir(self, path: str) -> None:
+            self.gate.wait(5)
+            super().fsync_dir(path)
+
+    monkeypatch.setattr(writer_module, "WRITE_WAIT_LIMIT", 0.2)
+    files = HangingDirFsync()
+    backend = JsonlBackend(tmp_path, files=files)
+    header = {"id": "s", "cwd": "/w"}
+    try:
+        async with open_store() as store:
+            with pytest.raises(PersistenceError):
+                async with open_persistence(store, backend) as p:
+                    s = await store.create("s", cwd="/w")
+                    await s.append("feedback/record", {"i": 0})
+                    files.gate.clear()
+                    with pytest.raises(WriterWedgedError):
+                        await s.flush()
+                    await store.detach(s)
+                    await p.wait_retired("s")
+                    files.gate.set()
+                    await trio.to_thread.run_sync(lambda: time_sleep(0.3))
+                    assert not backend.lock_held(header)
+                    prep = await p.prepare("s")
+                    await prep.dispose()
+    finally:
+        files.gate.set()
+    assert not backend.lock_held(header)
+
+
+async def test_publish_reconciles_an_enter_whose_reply_was_lost(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from actors import ReplyOverdueError
+    from harness.runtime._store import Store
+
+    backend = JsonlBackend(tmp_path)
+    header = {"id": "a", "cwd": "/w"}
+    async with open_store() as store, open_persistence(store, backend) as p:
+        s = await store.create("a", cwd="/w")
+        await s.append("feedback/record", {})
+        await s.flush()
+        await store.detach(s)
+        await p.wait_retired("a")
+        prep = await p.prepare("a")
+        original = Store.enter
+
+        async def overdue_enter(self: Store, prepared: Any) -> Any:
+            await original(self, prepared)  # applied, but the reply never came back
+            raise ReplyOverdueError("store", prepared, 30)
+
+        monkeypatch.setattr(Store, "enter", overdue_enter)
+        with pytest.raises(ReplyOverdueError):
+            await p.publish(prep)
+        monkeypatch.setattr(Store, "enter", original)
+        # Nothing half-published: not live, lock free, preparation disposed.
+        assert await store.get("a") is None and prep.disposed
+        assert not backend.lock_held(header)

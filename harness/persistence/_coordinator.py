@@ -413,17 +413,21 @@ class Persistence:
                 f"{'disposed' if prep.disposed else 'already published'}",
                 session_id=prep.id,
             )
+        handle: SessionHandle | None = None
         try:
             prepared = await self.store.adopt(prep.session)
             handle = await self.store.enter(prepared)
-            try:
-                await self.store.announce(handle)
-            except BaseException:
-                with trio.CancelScope(shield=True):
-                    await self.store.detach(handle)
-                raise
+            await self.store.announce(handle)
         except BaseException:
             with trio.CancelScope(shield=True):
+                if handle is None:
+                    # Reconcile from the store, not from the reply: an enter whose
+                    # outcome is unknown (ReplyOverdueError) may have happened.
+                    live = await self.store.get(prep.id)
+                    if live is not None and live._entry.session is prep.session:
+                        handle = live
+                if handle is not None:
+                    await self.store.detach(handle)
                 await prep.dispose()
             raise
         return handle

@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Final
 
+import attrs
 import orjson
 
 from harness.errors import (
@@ -182,6 +183,15 @@ class JsonlBackend:
             data = path.read_bytes()
             if _stat_key(path) == before:
                 break
+        good = self._torn.get(session_id)
+        if good is not None and len(data) > good:
+            # A failed append whose rollback failed left bytes past ``good``: they
+            # were never acknowledged. Read the log as if they were cut, and report
+            # them as a torn tail so that a repair cuts them before anything lands.
+            stored = self._scan(session_id, path, data[:good])
+            if stored.truncate_to is None:
+                stored = attrs.evolve(stored, truncate_to=good)
+            return stored
         return self._scan(session_id, path, data)
 
     def _scan(self, session_id: str, path: Path, data: bytes) -> StoredLog:

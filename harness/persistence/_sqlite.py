@@ -298,6 +298,11 @@ class SqliteBackend:
         with self._keeper_wake:
             self._held.clear()
             self._keeper_wake.notify_all()
+            keeper = self._keeper
+        if keeper is not None and keeper is not threading.current_thread():
+            # A renewal already under way would otherwise reopen the connection
+            # after this close; the keeper exits once it sees no lease held.
+            keeper.join(timeout=10.0)
         with self._lock:
             if self._db is not None:
                 with contextlib.suppress(sqlite3.Error):
@@ -489,6 +494,9 @@ class SqliteBackend:
                     self._keeper = None
                     return
             for lease in leases:
+                with self._keeper_wake:
+                    if lease.token not in self._held:
+                        continue  # released (or the backend closed) meanwhile
                 try:
                     self._renew(lease)
                 except LeaseLostError as exc:

@@ -116,7 +116,7 @@ class SessionWriter:
         # Between the Trio side and a (possibly abandoned) write thread.
         self._thread_mutex = threading.Lock()
         self._in_thread = False
-        self._orphan_lease: WriterLease | None = None
+        self._release_on_exit = False  # retired while a write thread was abandoned
         self.catch_up()
 
     # -- buffering -----------------------------------------------------------------------
@@ -243,7 +243,11 @@ class SessionWriter:
         finally:
             with self._thread_mutex:
                 self._in_thread = False
-                orphan, self._orphan_lease = self._orphan_lease, None
+                orphan = None
+                if self._release_on_exit:
+                    # Retired while this thread was abandoned: whatever lock the writer
+                    # holds now (perhaps taken by this very thread) is ours to release.
+                    orphan, self.lease = self.lease, None
             if orphan is not None:
                 try:
                     orphan.release()
@@ -271,21 +275,24 @@ class SessionWriter:
         finally:
             self.closed = True
             self._disarm()
-            lease, self.lease = self.lease, None
+            with self._thread_mutex:
+                if self._in_thread:
+                    # An abandoned (wedged) write thread may still take or use the
+                    # lock: it releases it when it ends.
+                    self._release_on_exit = True
+                    lease = None
+                else:
+                    lease, self.lease = self.lease, None
             if lease is not None:
-                with self._thread_mutex:
-                    if self._in_thread:
-                        self._orphan_lease, lease = lease, None
-                if lease is not None:
-                    try:
-                        await run_storage_call(lease.release)
-                    except WaitOverrun:
-                        log.warning(
-                            '%s: releasing the lock of session "%s" did not finish within %s s',
-                            self.backend.name,
-                            self.id,
-                            WRITE_WAIT_LIMIT,
-                        )
+                try:
+                    await run_storage_call(lease.release)
+                except WaitOverrun:
+                    log.warning(
+                        '%s: releasing the lock of session "%s" did not finish within %s s',
+                        self.backend.name,
+                        self.id,
+                        WRITE_WAIT_LIMIT,
+                    )
 
     def leftover(self) -> Leftover:
         """What is needed to retry a failed retirement (drop the writer after this)."""

@@ -131,8 +131,10 @@ class SessionHandle:
     ) -> Event:
         """Append one event through the session actor; returns the logged event.
 
-        Cancellation: cancelled before the actor takes the message, it is never
-        applied; cancelled after, it is applied and the caller gets ``Cancelled``.
+        Cancellation: ``Cancelled`` means it was not applied (withdrawn before the
+        actor took it); once taken, the call returns the logged event and the
+        cancellation lands at the caller's next checkpoint. ``ReplyOverdueError``
+        means the outcome is unknown (read :attr:`events` to know).
         """
         events = await self._call(Append((EventDraft(type, data, surface_op, source_event_seqs),)))
         return events[0]  # type: ignore[no-any-return]

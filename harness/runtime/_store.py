@@ -261,9 +261,11 @@ class Store:
     """The public face of a store: async methods that message the store actor.
 
     Get one with :func:`open_store`. Every method's cancellation contract is the
-    actor kernel's: cancelled before the store actor takes the request, nothing
-    happens; cancelled after, the request completes (e.g. the session is created)
-    and the caller gets ``Cancelled``.
+    actor kernel's (decision 0007): ``Cancelled`` means nothing happened (the request
+    was withdrawn before the store actor took it); once taken, the request completes
+    and its result is returned (e.g. the created session's handle), the cancellation
+    landing at the caller's next checkpoint. ``ReplyOverdueError`` means the outcome
+    is unknown: ask :meth:`get`.
     """
 
     def __init__(
@@ -316,8 +318,8 @@ class Store:
         per-store counter). If a ``created`` listener vetoes, the session is
         detached (``disposed`` is emitted) and the error propagates.
 
-        Cancellation: withdrawn if the store actor has not taken it; else the session
-        is created (and live) while the caller gets ``Cancelled``.
+        Cancellation: ``Cancelled`` means no session was created; once the store
+        actor took the request, the handle is returned (see :class:`Store`).
         """
         _check_meta(meta)
         return await self._call(Create(session_id, seed, meta))  # type: ignore[no-any-return]
@@ -381,8 +383,8 @@ class Store:
         The child shares the prefix's event objects (no copy), gets its own
         ``session/end-seed``, and its header names the parent and the seed length.
 
-        Cancellation: withdrawn before the store takes it; after, the child is created
-        (and live) while the caller gets ``Cancelled``.
+        Cancellation: ``Cancelled`` means no child was created; once the store actor
+        took the request, the child's handle is returned (see :class:`Store`).
         """
         return await self._call(Fork(source, boundary, child_id))  # type: ignore[no-any-return]
 
