@@ -42,20 +42,22 @@ async def run_bounded(fn: Callable[[], Awaitable[object]], seconds: float, *, sh
                 finished = True
                 nursery.cancel_scope.cancel()
         except BaseExceptionGroup as group:
-            # The watchdog never fails: the group holds fn's one exception, or the
-            # Cancelled of fn and of the watchdog when the caller was cancelled. The
-            # caller gets what fn raised (a bare Cancelled), not a wrapper.
-            if len(group.exceptions) == 1:
-                raise group.exceptions[0] from group.exceptions[0].__cause__
+            # The watchdog only ever raises Cancelled (when the caller is cancelled).
+            # The caller gets what fn raised, unwrapped: fn's one exception if it
+            # raised one (the caller's cancellation, level-triggered, lands at its
+            # next checkpoint), else a bare Cancelled.
             cancelled, rest = group.split(trio.Cancelled)
-            if rest is None and cancelled is not None:
-                raise _first_leaf(cancelled) from None
+            if rest is None:
+                assert cancelled is not None
+                raise _leaves(cancelled)[0] from None
+            leaves = _leaves(rest)
+            if len(leaves) == 1:
+                raise leaves[0] from leaves[0].__cause__
             raise
     return finished
 
 
-def _first_leaf(group: BaseExceptionGroup[BaseException]) -> BaseException:
-    exc: BaseException = group
-    while isinstance(exc, BaseExceptionGroup):
-        exc = exc.exceptions[0]
-    return exc
+def _leaves(exc: BaseException) -> list[BaseException]:
+    if isinstance(exc, BaseExceptionGroup):
+        return [leaf for sub in exc.exceptions for leaf in _leaves(sub)]
+    return [exc]

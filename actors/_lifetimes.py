@@ -89,10 +89,16 @@ class Owner(Lifetime):
 
     async def __aexit__(self, *exc: Any) -> bool | None:
         self.close("owner exited")
-        if self._tasks is not None:
-            self._tasks.cancel_scope.cancel()
         result: bool | None = await self._cm.__aexit__(*exc)
         return result
+
+    def close(self, reason: object) -> None:
+        """Close the lifetime (cancelling bound waits) and cancel the owned tasks, at
+        once and without waiting (synchronous, idempotent: the first reason wins).
+        :meth:`aclose` also waits for the tasks to end."""
+        super().close(reason)
+        if self._tasks is not None:
+            self._tasks.cancel_scope.cancel()
 
     def start_soon(self, fn: Callable[..., Awaitable[Any]], *args: Any, name: str | None = None) -> None:
         """Run ``fn(*args)`` as a task owned by this owner (cancelled when it closes).
@@ -115,7 +121,6 @@ class Owner(Lifetime):
         tasks = self._tasks
         if tasks is None:
             return
-        tasks.cancel_scope.cancel()
         if not _inside(tasks):
             await self._ended.wait()
 

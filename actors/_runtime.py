@@ -116,9 +116,10 @@ class ActorRuntime:
     async def stop(self, ref: ActorRef[Any]) -> None:
         """Stop one actor in order (drain, on_stop) and wait until it has stopped.
 
-        Bounded by ``stop_grace``: past it the actor is cancelled (logged) and the
-        wait goes on only for its unwinding. Cancelling the caller stops the wait,
-        not the stop. O(1); a ref not (or no longer) in this runtime returns at once.
+        Shielded and bounded by ``stop_grace``: past it the actor is cancelled
+        (logged) and the wait goes on only for its unwinding. A cancelled caller
+        still waits that long at most (the stop and its bound are the point). O(1);
+        a ref not (or no longer) in this runtime returns at once.
         """
         item = self._actors.get(ref)
         if item is None:
@@ -126,11 +127,9 @@ class ActorRuntime:
         cell, send = item
         cell.closing = True
         send.close()
-        try:
+        with trio.CancelScope(shield=True):
             if not await run_bounded(cell.stopped.wait, self.stop_grace):
                 log.warning("actor %r did not stop within %g s; cancelling it", ref.name, self.stop_grace)
                 cell.scope.cancel()
                 await cell.stopped.wait()
-        finally:
-            if cell.stopped.is_set():
-                self._actors.pop(ref, None)
+        self._actors.pop(ref, None)

@@ -547,3 +547,46 @@ async def test_failures_mixed_with_the_cancellation_of_an_abandoned_operation_ar
         release.set()
     assert [type(e) for e in late] == [ExceptionGroup]
     assert isinstance(late[0], ExceptionGroup) and [type(e) for e in late[0].exceptions] == [OSError]
+
+
+async def test_owner_close_cancels_its_tasks_at_once() -> None:
+    cancelled = trio.Event()
+    async with Owner("app") as owner:
+
+        async def task() -> None:
+            try:
+                await trio.sleep_forever()
+            finally:
+                cancelled.set()
+
+        owner.start_soon(task)
+        await trio.testing.wait_all_tasks_blocked()
+        owner.close("bye")  # synchronous
+        with trio.fail_after(5):
+            await cancelled.wait()
+
+
+async def test_run_bounded_fn_failing_while_the_caller_is_cancelled_is_unwrapped() -> None:
+    from actors import run_bounded
+
+    async def fails_on_cancel() -> None:
+        try:
+            await trio.sleep_forever()
+        finally:
+            raise OSError("cleanup failed")
+
+    with trio.move_on_after(0.01):
+        with pytest.raises(OSError):
+            await run_bounded(fails_on_cancel, 10.0)
+
+
+async def test_a_cancelled_stop_is_still_bounded_and_forgets_the_actor() -> None:
+    async with ActorRuntime(stop_grace=0.05) as rt:
+        a = Counter()
+        a.gate = trio.Event()  # never set: the handler hangs
+        ref = rt.spawn(a)
+        await ref.cast("wait")
+        await trio.testing.wait_all_tasks_blocked()
+        with trio.move_on_after(0.01):
+            await rt.stop(ref)  # shielded: the caller's deadline does not cut it short
+        assert not ref.alive and ref not in rt._actors

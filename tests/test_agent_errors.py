@@ -311,3 +311,80 @@ async def test_owner_aclose_waits_for_a_dispose_started_inside_the_turn(tmp_path
                     await box[1].wait()  # the tool has started the dispose
                     await owner.aclose("app closing")
                     assert h.disposed and await store.get("a") is None
+
+
+@pytest.mark.parametrize("where", ["while-flushing", "inside-the-stream"])
+async def test_a_stream_whose_close_fails_never_replaces_the_cancellation(where: str) -> None:
+    from harness.agent import Agent
+    from harness.agent._provider import ModelRequest, TextDelta
+
+    class ClosesBadly:
+        name = "p"
+        model = "m"
+        context_window = None
+        agent: Any = None
+
+        async def stream(self, request: ModelRequest) -> Any:
+            try:
+                yield TextDelta(0, "hel")
+                if where == "while-flushing":
+                    self.agent.cancel("user")  # lands in the agent's chunk append
+                    yield TextDelta(0, "lo")
+                await trio.sleep_forever()
+            finally:
+                raise ConnectionResetError("connection reset while closing the stream")
+
+    async with open_store(validator_factory=RelationalInvariants) as store:
+        s = await store.create()
+        provider = ClosesBadly()
+        agent = Agent(s, provider, chunk_batch=1)  # type: ignore[arg-type]
+        provider.agent = agent
+        async with trio.open_nursery() as n:
+            results: list[Any] = []
+
+            async def turn() -> None:
+                results.append(await agent.run_turn("go"))
+
+            n.start_soon(turn)
+            if where == "inside-the-stream":
+                await trio.sleep(0.01)  # the stream sleeps inside __anext__
+                agent.cancel("user")
+        assert results[0].reason == {"kind": "aborted", "reason": {"kind": "user"}}
+        balanced(s)
+
+
+async def test_a_cancelled_dispose_caller_stops_waiting_and_the_teardown_completes(tmp_path: Path) -> None:
+    @tool("slow", "Ignores cancellation for a while")
+    async def slow(args: dict[str, Any]) -> Any:
+        with trio.CancelScope(shield=True):
+            await trio.sleep(0.2)
+        return "done"
+
+    provider = ScriptedProvider([[Call("slow")], [Say("ok")]])
+    async with open_store() as store, open_persistence(store, JsonlBackend(tmp_path)) as p:
+        async with open_agent_loop(store, provider=provider, tools=ToolSet([slow]), persistence=p) as loop, Owner("app") as owner:
+            h = await loop.create("a", owner=owner)
+            async with trio.open_nursery() as n:
+                n.start_soon(h.run_turn, "go")
+                await trio.sleep(0.05)  # the tool runs
+                with trio.move_on_after(0.02) as scope:
+                    await h.dispose()
+                assert scope.cancelled_caught and not h.disposed  # the caller left at once
+            with trio.fail_after(5):
+                await h.dispose()  # a later caller waits for the same teardown
+            assert h.disposed and await store.get("a") is None
+
+
+async def test_closing_an_owner_disposes_its_agents(tmp_path: Path) -> None:
+    from harness.agent import AgentDisposedError
+
+    provider = ScriptedProvider([[Say("a")], [Say("b")]])
+    async with open_store() as store, open_persistence(store, JsonlBackend(tmp_path)) as p:
+        async with open_agent_loop(store, provider=provider, persistence=p) as loop, Owner("app") as owner:
+            h = await loop.create("a", owner=owner)
+            owner.close("user logged out")  # synchronous: cancels the owner's tasks
+            with trio.fail_after(5):
+                await h._disposed.wait()  # the owner's watch task disposes the agent
+            assert await store.get("a") is None
+            with pytest.raises(AgentDisposedError):
+                await h.run_turn("still works?")

@@ -9,6 +9,7 @@ import os
 import random
 import sqlite3
 import threading
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -712,3 +713,52 @@ async def test_publish_reconciles_an_enter_whose_reply_was_lost(tmp_path: Path, 
         # Nothing half-published: not live, lock free, preparation disposed.
         assert await store.get("a") is None and prep.disposed
         assert not backend.lock_held(header)
+
+
+async def test_a_write_that_never_got_a_thread_leaves_no_lock(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Every default worker-thread token is taken by someone else: the write's thread
+    # never starts and its bounded wait overruns. Retiring must still release the
+    # lock (releases have threads of their own), and the late thread writes nothing.
+    monkeypatch.setattr(writer_module, "WRITE_WAIT_LIMIT", 0.2)
+    backend = JsonlBackend(tmp_path)
+    header = {"id": "a", "cwd": "/w"}
+    gate = threading.Event()
+    limiter = trio.to_thread.current_default_thread_limiter()
+    try:
+        async with open_store() as store:
+            with pytest.raises(PersistenceError):
+                async with open_persistence(store, backend) as p:
+                    s = await store.create("a", cwd="/w")
+                    await s.append("feedback/record", {"i": 0})
+                    await s.flush()
+                    limiter.total_tokens = 1
+                    async with trio.open_nursery() as n:
+                        n.start_soon(partial(trio.to_thread.run_sync, gate.wait, 2.0))
+                        await trio.sleep(0.05)
+                        await s.append("feedback/record", {"i": 1})
+                        with pytest.raises(WriterWedgedError):
+                            await s.flush()
+                        await store.detach(s)
+                        await p.wait_retired("a")
+                        assert not backend.lock_held(header)
+                        gate.set()
+    finally:
+        limiter.total_tokens = 40
+        gate.set()
+    assert [r["seq"] for r in JsonlBackend(tmp_path).load("a").records] == [0]
+
+
+async def test_publish_on_a_closed_store_still_disposes_the_preparation(tmp_path: Path) -> None:
+    backend = JsonlBackend(tmp_path)
+    header = {"id": "a", "cwd": "/w"}
+    async with open_store() as store, open_persistence(store, backend) as p:
+        s = await store.create("a", cwd="/w")
+        await s.append("feedback/record", {})
+        await s.flush()
+        await store.detach(s)
+        await p.wait_retired("a")
+        prep = await p.prepare("a")
+        await store.aclose()
+        with pytest.raises(HarnessError):
+            await p.publish(prep)
+        assert prep.disposed and not backend.lock_held(header)

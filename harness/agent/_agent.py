@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import uuid
+from collections.abc import Awaitable, Callable
 from typing import Any, Literal
 
 import attrs
@@ -319,6 +320,12 @@ class Agent:
                     except ProviderError:
                         raise
                     except Exception as exc:
+                        if trio.current_effective_deadline() == float("-inf"):
+                            # The stream failed while unwinding our cancellation (its
+                            # cleanup raised): the turn was cancelled, not failed.
+                            # This checkpoint raises the pending Cancelled.
+                            log.warning('agent "%s": provider %s failed while cancelled: %r', self.id, self.provider.name, exc)
+                            await trio.lowlevel.checkpoint()
                         # Whatever the stream raised is a failure of the model call,
                         # reported as one (typed, nothing more committed from it).
                         raise ProviderStreamError(
@@ -356,13 +363,7 @@ class Agent:
                     # Shielded so the provider can release its connection even when
                     # the turn was cancelled; bounded so a provider that hangs in
                     # its cleanup cannot hold the turn open forever.
-                    if not await run_bounded(aclose, self.close_grace, shield=True):
-                        log.warning(
-                            'agent "%s": provider %s did not close its stream within %g s',
-                            self.id,
-                            self.provider.name,
-                            self.close_grace,
-                        )
+                    await self._close_stream(aclose)
         except ProviderError:
             # A failed stream commits nothing more: the chunks still buffered are
             # dropped (batches logged before the failure stay, log-only), and no
@@ -377,6 +378,25 @@ class Agent:
             step.streaming = False
         step.calls = [c for c in calls.values() if c["name"]]
         return finish
+
+    async def _close_stream(self, aclose: Callable[[], Awaitable[object]]) -> None:
+        """Close the provider's stream: shielded so the provider can release its
+        connection even when the turn was cancelled; bounded (``close_grace``) so a
+        provider that hangs in its cleanup cannot hold the turn open. A failing close
+        is logged, never raised: it must not replace how the stream itself ended (a
+        cancellation, a finish, a provider error)."""
+        try:
+            closed = await run_bounded(aclose, self.close_grace, shield=True)
+        except Exception as exc:
+            log.warning('agent "%s": provider %s failed to close its stream: %r', self.id, self.provider.name, exc)
+            return
+        if not closed:
+            log.warning(
+                'agent "%s": provider %s did not close its stream within %g s',
+                self.id,
+                self.provider.name,
+                self.close_grace,
+            )
 
     async def _run_tools(self, turn: int, step: _Step) -> None:
         s = self.session

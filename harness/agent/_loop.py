@@ -66,29 +66,31 @@ class AgentHandle:
         has logged its ``turn/end``, detach the agent (``agent/disposed``), then the
         session (``session/disposed``; persistence retires its writer).
 
-        Idempotent: every caller, concurrent or later, waits for the same teardown.
-        Shielded: a cancelled caller stops waiting, the teardown still completes.
-        The wait for the turn is bounded by the loop's ``dispose_grace`` (an overrun
-        is logged; the session is detached anyway and crash repair closes the turn
-        on its next load).
+        Idempotent: every caller, concurrent or later, waits for the same teardown,
+        which runs in the loop's nursery: a cancelled caller stops waiting (at once),
+        the teardown still completes. The wait for the turn is bounded by the loop's
+        ``dispose_grace`` (an overrun is logged; the session is detached anyway and
+        crash repair closes the turn on its next load). A failure to detach (the
+        store already closed) is logged, not raised: the session is gone either way.
 
         Called from inside the agent's own turn (a tool disposing its agent), it
-        cancels the turn and returns at once; the teardown finishes in the loop's
-        nursery once the turn has ended (waiting here would wait for itself).
+        cancels the turn and returns at once (waiting there would wait for itself).
         """
-        if self._disposing:
-            if not self.agent.in_turn():
-                await self._disposed.wait()
-            return
-        self._disposing = True
-        self.agent.disposed = True  # before any checkpoint: no new turn can start
-        self.agent.cancel("disposed")
-        if self.agent.in_turn():
-            self._loop._nursery.start_soon(self._teardown, name=f"dispose {self.id}")
-            return
-        await self._teardown()
+        if not self._disposing:
+            self._disposing = True
+            self.agent.disposed = True  # before any checkpoint: no new turn can start
+            self.agent.cancel("disposed")
+            try:
+                self._loop._nursery.start_soon(self._teardown, name=f"dispose {self.id}")
+            except RuntimeError:
+                # The loop's nursery has closed (the loop is gone): tear down here.
+                await self._teardown()
+        if not self.agent.in_turn():
+            await self._disposed.wait()
 
     async def _teardown(self) -> None:
+        """Shielded from the start (no checkpoint before the shield): it completes
+        even in a loop nursery that is being cancelled."""
         try:
             with trio.CancelScope(shield=True):
                 if not await run_bounded(self.agent.wait_idle, self._loop.dispose_grace):
@@ -98,7 +100,10 @@ class AgentHandle:
                         self._loop.dispose_grace,
                     )
                 self._loop._unregister(self)
-                await self._loop.store.detach(self.session)
+                try:
+                    await self._loop.store.detach(self.session)
+                except HarnessError as exc:
+                    log.warning('agent "%s": detaching its session failed: %s', self.id, exc)
                 if self._watch_scope is not None:
                     self._watch_scope.cancel()
         finally:

@@ -26,7 +26,7 @@ from harness.persistence._backend import Backend, StoredLog, WriterLease
 from harness.persistence._writer import (
     Leftover,
     SessionWriter,
-    WaitOverrun,
+    release_lease,
     retry_leftover,
     run_storage_call,
 )
@@ -92,10 +92,7 @@ class SessionPreparation:
         lease, self._lease = self._lease, None
         try:
             if lease is not None:
-                try:
-                    await run_storage_call(lease.release)
-                except WaitOverrun:
-                    log.warning('session "%s": releasing the preparation\'s lock overran its bound', self.id)
+                await release_lease(lease)
         finally:
             self._released.set()
 
@@ -420,15 +417,21 @@ class Persistence:
             await self.store.announce(handle)
         except BaseException:
             with trio.CancelScope(shield=True):
-                if handle is None:
-                    # Reconcile from the store, not from the reply: an enter whose
-                    # outcome is unknown (ReplyOverdueError) may have happened.
-                    live = await self.store.get(prep.id)
-                    if live is not None and live._entry.session is prep.session:
-                        handle = live
-                if handle is not None:
-                    await self.store.detach(handle)
-                await prep.dispose()
+                try:
+                    if handle is None:
+                        # Reconcile from the store, not from the reply: an enter whose
+                        # outcome is unknown (ReplyOverdueError) may have happened.
+                        live = await self.store.get(prep.id)
+                        if live is not None and live._entry.session is prep.session:
+                            handle = live
+                    if handle is not None:
+                        await self.store.detach(handle)
+                except HarnessError as exc:
+                    # The store refuses (e.g. it closed): nothing more to undo there,
+                    # and the preparation must still let its lock go.
+                    log.warning('session "%s": unwinding a failed publication: %s', prep.id, exc)
+                finally:
+                    await prep.dispose()
             raise
         return handle
 

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import logging
+import math
 import threading
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any, Final, TypeVar
 
 import attrs
 import trio
@@ -30,7 +31,23 @@ class WaitOverrun(Exception):
     """A bounded storage wait overran :data:`WRITE_WAIT_LIMIT` (internal signal)."""
 
 
-async def run_storage_call(fn: Callable[[], T]) -> T:
+#: Lock releases get a worker thread at once, whatever else holds Trio's default
+#: thread tokens: a release queued behind stuck calls, then abandoned by its bound,
+#: would never run, and the session would stay locked for the life of the process.
+RELEASE_THREADS: Final = trio.CapacityLimiter(math.inf)
+
+
+async def release_lease(lease: WriterLease) -> None:
+    """Release ``lease`` on a worker thread of its own (:data:`RELEASE_THREADS`),
+    shielded and bounded like every storage call; an overrun is logged, and the
+    thread still releases the lease when its call returns."""
+    try:
+        await run_storage_call(lease.release, limiter=RELEASE_THREADS)
+    except WaitOverrun:
+        log.warning("releasing a writer lock did not finish within %s s", WRITE_WAIT_LIMIT)
+
+
+async def run_storage_call(fn: Callable[[], T], *, limiter: trio.CapacityLimiter | None = None) -> T:
     """Run blocking ``fn`` on a worker thread, shielded from cancellation but bounded
     by :data:`WRITE_WAIT_LIMIT` seconds (:func:`actors.run_bounded`: on the Trio clock
     *and* the wall clock, so a test's autojumping ``MockClock`` cannot make a real
@@ -44,7 +61,7 @@ async def run_storage_call(fn: Callable[[], T]) -> T:
     box: list[T] = []
 
     async def call() -> None:
-        box.append(await trio.to_thread.run_sync(fn, abandon_on_cancel=True))
+        box.append(await trio.to_thread.run_sync(fn, abandon_on_cancel=True, limiter=limiter))
 
     if not await actors.run_bounded(call, WRITE_WAIT_LIMIT, shield=True):
         raise WaitOverrun(f"storage call still running after {WRITE_WAIT_LIMIT} s")
@@ -115,7 +132,8 @@ class SessionWriter:
         self._before_first_write = before_first_write
         # Between the Trio side and a (possibly abandoned) write thread.
         self._thread_mutex = threading.Lock()
-        self._in_thread = False
+        self._in_thread = False  # a write thread is running (set by the thread itself)
+        self._retired = False  # retire() ran: a write thread not started yet never will
         self._release_on_exit = False  # retired while a write thread was abandoned
         self.catch_up()
 
@@ -204,8 +222,6 @@ class SessionWriter:
                 await self._before_first_write()
                 self._before_first_write = None
             batch = list(self.pending)
-            with self._thread_mutex:
-                self._in_thread = True
             try:
                 # Shielded on purpose: the batch either lands whole (and the buffer is
                 # trimmed) or fails (and is kept); never "unknown" -- unless the bound
@@ -237,7 +253,14 @@ class SessionWriter:
 
     def _thread_write(self, batch: list[dict[str, Any]]) -> None:
         """Worker thread: write the batch; if the Trio side gave up waiting and retired
-        meanwhile, release the lease it left here (only now is nothing in flight)."""
+        meanwhile, release the lease it left here (only now is nothing in flight).
+
+        A thread that starts only after the writer retired (its wait overran while it
+        was still queued for a worker thread) writes nothing: the writer is gone."""
+        with self._thread_mutex:
+            if self._retired:
+                return
+            self._in_thread = True
         try:
             self._write_sync(batch)
         finally:
@@ -276,6 +299,7 @@ class SessionWriter:
             self.closed = True
             self._disarm()
             with self._thread_mutex:
+                self._retired = True
                 if self._in_thread:
                     # An abandoned (wedged) write thread may still take or use the
                     # lock: it releases it when it ends.
@@ -284,15 +308,7 @@ class SessionWriter:
                 else:
                     lease, self.lease = self.lease, None
             if lease is not None:
-                try:
-                    await run_storage_call(lease.release)
-                except WaitOverrun:
-                    log.warning(
-                        '%s: releasing the lock of session "%s" did not finish within %s s',
-                        self.backend.name,
-                        self.id,
-                        WRITE_WAIT_LIMIT,
-                    )
+                await release_lease(lease)
 
     def leftover(self) -> Leftover:
         """What is needed to retry a failed retirement (drop the writer after this)."""
