@@ -242,7 +242,49 @@ class PreparationDisposedError(PersistenceError):
     code = "PREPARATION_DISPOSED"
 
 
+# --- compaction ------------------------------------------------------------------------
+
+
+class CompactionError(HarnessError):
+    """A compaction rule refused an input (selection, tool pairing, meter)."""
+
+    code = "COMPACTION_ERROR"
+
+
+class ToolPairingError(CompactionError):
+    """Tool-pairing balance could not be decided: an unknown seq, or a corrupt surface."""
+
+    code = "TOOL_PAIRING"
+
+
+class MeterSurfaceMismatchError(CompactionError):
+    """A token-meter measurement does not describe the session's current surface."""
+
+    code = "METER_SURFACE_MISMATCH"
+
+
+class CompactionConfigError(CompactionError):
+    """A ``BasicCompactionConfig`` record failed validation at load time."""
+
+    code = "COMPACTION_CONFIG_INVALID"
+
+
+class TargetPressureConfigError(CompactionError):
+    """A capacity or config problem specific to one provider/model target.
+
+    ``target_key`` is ``"provider/model"`` (the reference warns once per key).
+    """
+
+    code = "TARGET_PRESSURE_CONFIG"
+
+    def __init__(self, target_key: str, message: str, *, session_id: str | None = None) -> None:
+        super().__init__(message, session_id=session_id)
+        self.target_key = target_key
+
+
 __all__ = [
+    "CompactionConfigError",
+    "CompactionError",
     "EventError",
     "FlushError",
     "ForkChildExistsError",
@@ -254,6 +296,7 @@ __all__ = [
     "InvalidBoundaryError",
     "InvariantError",
     "LeaseLostError",
+    "MeterSurfaceMismatchError",
     "NotJsonError",
     "OpenTurnError",
     "PersistedSessionNotFoundError",
@@ -278,5 +321,7 @@ __all__ = [
     "StoreError",
     "SurfaceChangedError",
     "SurfaceError",
+    "TargetPressureConfigError",
+    "ToolPairingError",
     "WriterWedgedError",
 ]
