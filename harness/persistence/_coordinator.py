@@ -438,7 +438,10 @@ class Persistence:
     async def aclose(self) -> None:
         """Flush and retire every writer; raise the first failure after trying all.
 
-        Shielded by :func:`open_persistence`; idempotent per writer.
+        Cancellation: call it shielded (:func:`open_persistence` does): a cancelled
+        caller would leave writers unretired and their locks held until they retire
+        later. Each storage wait inside is bounded (``WRITE_WAIT_LIMIT``). Idempotent
+        per writer.
         """
         for f in self._unsubscribe:
             f()

@@ -419,7 +419,12 @@ class Store:
 
     async def aclose(self) -> None:
         """Detach every live session (``disposed`` for each announced one), then refuse
-        new requests. Idempotent."""
+        new requests. Idempotent.
+
+        Cancellation: the actor kernel's contract; once the store actor has taken the
+        request every session is detached (each stop shielded and bounded by the
+        runtime's ``stop_grace``) and the store refuses new requests either way.
+        """
         if self._closed:
             return
         try:
