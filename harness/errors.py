@@ -282,9 +282,150 @@ class TargetPressureConfigError(CompactionError):
         self.target_key = target_key
 
 
+class ToolResultPruneConfigError(CompactionConfigError):
+    """A ``ToolResultPruneConfig`` record failed validation (reference §4).
+
+    Messages begin ``ToolResultPruneConfig: ``.
+    """
+
+    code = "TOOL_RESULT_PRUNE_CONFIG_INVALID"
+
+
+class SummaryError(CompactionError):
+    """Phase two (the LLM summary) failed before anything was committed (§5.2, §5.3).
+
+    In a manual run every subclass classifies as ``summary`` (§5.4); an automatic
+    run re-raises it as is. A provider failure is *not* one of these: it propagates
+    as the provider's own :class:`~harness.agent.ProviderError`.
+    """
+
+    code = "COMPACTION_SUMMARY"
+
+
+class SummaryTargetError(SummaryError):
+    """No provider/model could be resolved for the summarization call (§5.2)."""
+
+    code = "COMPACTION_NO_SUMMARY_TARGET"
+
+
+class SummaryTruncatedError(SummaryError):
+    """The summary hit its token cap: an incomplete checkpoint is never committed.
+
+    ``code`` is the reference's ``MAX_TOKENS``.
+    """
+
+    code = "MAX_TOKENS"
+
+
+class EmptySummaryError(SummaryError):
+    """The summarizer produced no non-blank text."""
+
+    code = "COMPACTION_EMPTY_SUMMARY"
+
+
+class SummaryNotSmallerError(SummaryError):
+    """The framed checkpoint would not be smaller than what it shadows (§5.3)."""
+
+    code = "COMPACTION_NOT_SMALLER"
+
+
+class ManualCompactionError(CompactionError):
+    """A manual compaction failed; ``kind`` is the reference's class (§5.4).
+
+    The reference has one error with ``.code`` in ``busy``, ``changed``, ``summary``,
+    ``commit``, ``persistence`` and ``cancelled``. Here ``kind`` carries that word
+    and each kind is a subclass whose stable ``code`` is ``COMPACTION_<KIND>``
+    (codes are class-level in this hierarchy, so they can be matched by type too).
+    Build one with :meth:`of`. The reference's ``cause`` is ``__cause__``.
+    """
+
+    code = "COMPACTION_MANUAL"
+    kind: ClassVar[str] = ""
+
+    KINDS: ClassVar[tuple[str, ...]] = ("busy", "changed", "summary", "commit", "persistence", "cancelled")
+
+    @staticmethod
+    def of(
+        kind: str, message: str, *, cause: BaseException | None = None, session_id: str | None = None
+    ) -> ManualCompactionError:
+        """The error of ``kind`` (one of :attr:`KINDS`), with ``cause`` chained."""
+        try:
+            cls = _MANUAL_KINDS[kind]
+        except KeyError:
+            raise ValueError(f"unknown manual compaction kind {kind!r}") from None
+        error = cls(message, session_id=session_id)
+        error.__cause__ = cause
+        return error
+
+
+class CompactionBusyError(ManualCompactionError):
+    """The compaction lock is live, the session has an open turn, or the agent is not idle.
+
+    Nothing was written. The shared lock check raises this on automatic paths too.
+    """
+
+    code = "COMPACTION_BUSY"
+    kind = "busy"
+
+
+class CompactionChangedError(ManualCompactionError):
+    """The surface changed before commit (the cause is a :class:`SurfaceChangedError`)."""
+
+    code = "COMPACTION_CHANGED"
+    kind = "changed"
+
+
+class CompactionSummaryFailedError(ManualCompactionError):
+    """Any other failure before commit (summarizer, finish, no text, not smaller)."""
+
+    code = "COMPACTION_SUMMARY_FAILED"
+    kind = "summary"
+
+
+class CompactionCommitError(ManualCompactionError):
+    """A body append, the success end or the error end failed: the log may be partial."""
+
+    code = "COMPACTION_COMMIT"
+    kind = "commit"
+
+
+class CompactionPersistenceError(ManualCompactionError):
+    """The bracket closed in memory, but the durability flush failed."""
+
+    code = "COMPACTION_PERSISTENCE"
+    kind = "persistence"
+
+
+class CompactionCancelledError(ManualCompactionError):
+    """The agent's own maintenance signal aborted the run (closed and flushed first)."""
+
+    code = "COMPACTION_CANCELLED"
+    kind = "cancelled"
+
+
+_MANUAL_KINDS: dict[str, type[ManualCompactionError]] = {
+    c.kind: c
+    for c in (
+        CompactionBusyError,
+        CompactionChangedError,
+        CompactionSummaryFailedError,
+        CompactionCommitError,
+        CompactionPersistenceError,
+        CompactionCancelledError,
+    )
+}
+
+
 __all__ = [
+    "CompactionBusyError",
+    "CompactionCancelledError",
+    "CompactionChangedError",
+    "CompactionCommitError",
     "CompactionConfigError",
     "CompactionError",
+    "CompactionPersistenceError",
+    "CompactionSummaryFailedError",
+    "EmptySummaryError",
     "EventError",
     "FlushError",
     "ForkChildExistsError",
@@ -296,6 +437,7 @@ __all__ = [
     "InvalidBoundaryError",
     "InvariantError",
     "LeaseLostError",
+    "ManualCompactionError",
     "MeterSurfaceMismatchError",
     "NotJsonError",
     "OpenTurnError",
@@ -319,9 +461,14 @@ __all__ = [
     "StorageIOError",
     "StorageRowError",
     "StoreError",
+    "SummaryError",
+    "SummaryNotSmallerError",
+    "SummaryTargetError",
+    "SummaryTruncatedError",
     "SurfaceChangedError",
     "SurfaceError",
     "TargetPressureConfigError",
     "ToolPairingError",
+    "ToolResultPruneConfigError",
     "WriterWedgedError",
 ]

@@ -67,6 +67,10 @@ class ModelRequest:
     tools: tuple[ToolSpec, ...] = ()
     system: str | None = None
     max_tokens: int | None = None
+    # Why the request is made, for a provider that treats some kinds differently
+    # (the reference's DeepSeek adapter flags "compaction" requests); None for the
+    # agent's own turns.
+    purpose: str | None = None
 
 
 class ModelProvider(Protocol):

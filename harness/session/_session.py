@@ -153,6 +153,9 @@ class Session:
     """
 
     __slots__ = (
+        # Layers above (compaction's meter and pairing caches) key per-session state
+        # by a weak reference, so it dies with the session.
+        "__weakref__",
         "_clock",
         "_derive",
         "_events",
@@ -165,9 +168,6 @@ class Session:
         "_turn_marks",
         "_validator",
         "_vstate",
-        # Layers above (compaction's meter and pairing caches) key per-session state
-        # by a weak reference, so it dies with the session.
-        "__weakref__",
     )
 
     def __init__(self, *, _token: object = None) -> None:
