@@ -4,24 +4,24 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Awaitable, Callable
 from typing import Any, Literal
 
 import attrs
 import orjson
 import trio
 
-from actors import ActorError, run_bounded
+from actors import ActorError
 from harness.agent._provider import (
     Finish,
     ModelProvider,
     ModelRequest,
     ProviderError,
-    ProviderStreamError,
     ReasoningDelta,
     TextDelta,
     ToolCallDelta,
     Usage,
+    close_stream,
+    next_chunk,
 )
 from harness.agent._tools import ToolSet
 from harness.errors import HarnessError
@@ -312,25 +312,7 @@ class Agent:
         try:
             agen = self.provider.stream(request)
             try:
-                while True:
-                    try:
-                        chunk = await agen.__anext__()
-                    except StopAsyncIteration:
-                        break
-                    except ProviderError:
-                        raise
-                    except Exception as exc:
-                        if trio.current_effective_deadline() == float("-inf"):
-                            # The stream failed while unwinding our cancellation (its
-                            # cleanup raised): the turn was cancelled, not failed.
-                            # This checkpoint raises the pending Cancelled.
-                            log.warning('agent "%s": provider %s failed while cancelled: %r', self.id, self.provider.name, exc)
-                            await trio.lowlevel.checkpoint()
-                        # Whatever the stream raised is a failure of the model call,
-                        # reported as one (typed, nothing more committed from it).
-                        raise ProviderStreamError(
-                            f"provider {self.provider.name} stream failed: {exc!r}"
-                        ) from exc
+                while (chunk := await next_chunk(agen, self.provider.name)) is not None:
                     if isinstance(chunk, TextDelta):
                         step.texts.setdefault(chunk.index, []).append(chunk.text)
                         raw: dict[str, Any] = {"type": "text-delta", "index": chunk.index, "text": chunk.text}
@@ -358,12 +340,7 @@ class Agent:
                     if len(pending) >= self._chunk_batch:
                         await flush_chunks()
             finally:
-                aclose = getattr(agen, "aclose", None)
-                if aclose is not None:
-                    # Shielded so the provider can release its connection even when
-                    # the turn was cancelled; bounded so a provider that hangs in
-                    # its cleanup cannot hold the turn open forever.
-                    await self._close_stream(aclose)
+                await close_stream(agen, grace=self.close_grace, who=f'agent "{self.id}"')
         except ProviderError:
             # A failed stream commits nothing more: the chunks still buffered are
             # dropped (batches logged before the failure stay, log-only), and no
@@ -378,25 +355,6 @@ class Agent:
             step.streaming = False
         step.calls = [c for c in calls.values() if c["name"]]
         return finish
-
-    async def _close_stream(self, aclose: Callable[[], Awaitable[object]]) -> None:
-        """Close the provider's stream: shielded so the provider can release its
-        connection even when the turn was cancelled; bounded (``close_grace``) so a
-        provider that hangs in its cleanup cannot hold the turn open. A failing close
-        is logged, never raised: it must not replace how the stream itself ended (a
-        cancellation, a finish, a provider error)."""
-        try:
-            closed = await run_bounded(aclose, self.close_grace, shield=True)
-        except Exception as exc:
-            log.warning('agent "%s": provider %s failed to close its stream: %r', self.id, self.provider.name, exc)
-            return
-        if not closed:
-            log.warning(
-                'agent "%s": provider %s did not close its stream within %g s',
-                self.id,
-                self.provider.name,
-                self.close_grace,
-            )
 
     async def _run_tools(self, turn: int, step: _Step) -> None:
         s = self.session

@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import logging
+import math
 from collections.abc import AsyncIterator, Sequence
 from typing import Any, Protocol, TypeAlias
 
 import attrs
+import trio
 
+from actors import run_bounded
 from harness.errors import HarnessError
 from harness.session import FrozenDict
+
+log = logging.getLogger("harness.agent")
 
 
 @attrs.frozen
@@ -119,3 +125,51 @@ class ScriptExhaustedError(ProviderError):
     """The scripted provider was asked for more replies than its script holds."""
 
     code = "SCRIPT_EXHAUSTED"
+
+
+# -- consuming a stream: what every caller of ``ModelProvider.stream`` needs ------------------
+
+
+async def next_chunk(stream: AsyncIterator[StreamChunk], provider: str) -> StreamChunk | None:
+    """The next chunk of a provider's stream, or ``None`` at its end.
+
+    Whatever the stream raises is typed: a :class:`ProviderError` as it is, anything
+    else as :class:`ProviderStreamError` (the original chained). Except while the
+    caller is being cancelled: a stream whose cleanup fails while unwinding that
+    cancellation did not fail the call, so the pending ``Cancelled`` is raised instead
+    (the failure is logged).
+
+    Cancellation: a checkpoint, like the stream's own ``__anext__``.
+    """
+    try:
+        return await stream.__anext__()
+    except StopAsyncIteration:
+        return None
+    except ProviderError:
+        raise
+    except Exception as exc:
+        if trio.current_effective_deadline() == -math.inf:
+            log.warning("provider %s failed while its caller was cancelled: %r", provider, exc)
+            await trio.lowlevel.checkpoint()  # raises the pending Cancelled
+        raise ProviderStreamError(f"provider {provider} stream failed: {exc!r}") from exc
+
+
+async def close_stream(stream: object, *, grace: float, who: str) -> None:
+    """Close a provider's stream (``aclose``, when it has one).
+
+    Shielded, so the provider can release its connection even when the caller was
+    cancelled; bounded by ``grace`` seconds (:func:`actors.run_bounded`), so a provider
+    that hangs in its cleanup cannot hold the caller. A failing or overrunning close
+    is logged (naming ``who``), never raised: it must not replace how the stream
+    itself ended (a finish, an error, a cancellation).
+    """
+    aclose = getattr(stream, "aclose", None)
+    if aclose is None:
+        return
+    try:
+        closed = await run_bounded(aclose, grace, shield=True)
+    except Exception as exc:
+        log.warning("%s: the provider failed to close its stream: %r", who, exc)
+        return
+    if not closed:
+        log.warning("%s: the provider did not close its stream within %g s", who, grace)

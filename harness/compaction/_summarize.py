@@ -12,27 +12,25 @@ hold only text, reasoning and tool calls; there is nothing to reject.
 
 from __future__ import annotations
 
-import logging
 import unicodedata
 import uuid
 from collections.abc import Mapping
 from typing import Any, Final
 
 import attrs
-import trio
 
-from actors import run_bounded
 from harness.agent._provider import (
     Finish,
     ModelProvider,
     ModelRequest,
-    ProviderError,
     ProviderStreamError,
     ReasoningDelta,
     TextDelta,
     ToolCallDelta,
     ToolSpec,
     Usage,
+    close_stream,
+    next_chunk,
 )
 from harness.compaction._config import BasicCompactionConfig, CompactionPolicy
 from harness.compaction._framing import (
@@ -42,8 +40,6 @@ from harness.compaction._framing import (
 )
 from harness.errors import EmptySummaryError, SummaryTargetError, SummaryTruncatedError
 from harness.session import FrozenDict, freeze, thaw
-
-log = logging.getLogger("harness.compaction")
 
 PURPOSE: Final = "compaction"
 """``ModelRequest.purpose`` of a summarization request."""
@@ -177,24 +173,6 @@ def _tool_specs(tools: tuple[FrozenDict, ...]) -> tuple[ToolSpec, ...]:
     return tuple(specs)
 
 
-async def _close(agen: object) -> None:
-    aclose = getattr(agen, "aclose", None)
-    if aclose is None:
-        return
-    try:
-        # Shielded so the provider can release its connection even when the caller
-        # was cancelled; bounded so a provider that hangs in cleanup cannot hold the
-        # caller.
-        closed = await run_bounded(aclose, CLOSE_GRACE, shield=True)
-    except Exception as exc:
-        # A failing close must not replace how the stream ended (a summary, an
-        # error, a cancellation): logged, never raised.
-        log.warning("summarizer: provider failed to close its stream: %r", exc)
-        return
-    if not closed:
-        log.warning("summarizer: provider did not close its stream within %g s", CLOSE_GRACE)
-
-
 async def summarize(
     provider: ModelProvider,
     input: SummarizationInput,
@@ -246,21 +224,7 @@ async def summarize(
     finish = "stop"
     agen = provider.stream(request)
     try:
-        while True:
-            try:
-                chunk = await agen.__anext__()
-            except StopAsyncIteration:
-                break
-            except ProviderError:
-                raise
-            except Exception as exc:
-                if trio.current_effective_deadline() == float("-inf"):
-                    # The stream failed while unwinding our cancellation: the caller
-                    # was cancelled, not the model call. This checkpoint raises it.
-                    await trio.lowlevel.checkpoint()
-                raise ProviderStreamError(
-                    f"provider {provider.name} stream failed: {exc!r}"
-                ) from exc
+        while (chunk := await next_chunk(agen, provider.name)) is not None:
             if isinstance(chunk, TextDelta):
                 texts.setdefault(chunk.index, []).append(chunk.text)
             elif isinstance(chunk, ReasoningDelta):
@@ -281,7 +245,7 @@ async def summarize(
                     f"provider {provider.name} sent an unknown stream chunk {chunk!r}"
                 )
     finally:
-        await _close(agen)
+        await close_stream(agen, grace=CLOSE_GRACE, who=f'summarizer for session "{session_id}"')
     if finish == "length":
         raise SummaryTruncatedError(
             "summarization truncated at the token cap (incomplete checkpoint)"
