@@ -267,11 +267,26 @@ def check_runtime_exited(probe: Probe, loop: AgentLoop | None) -> None:
 # -- scenarios --------------------------------------------------------------------------------
 
 
-async def agent_turn(probe: Probe, kind: str) -> None:
-    """Create an agent, run a turn with two tool calls, flush, dispose.
+@attrs.define
+class AgentRun:
+    """What an agent scenario's armed part works with (see :func:`agent_run`)."""
 
-    Cancellation (every scenario): the explorer's cancellers cancel parts of it at step
-    k; anything else (the explorer's hang watchdog) cancels the whole scenario."""
+    rig: Rig
+    owner: Owner
+    caller: Caller
+    handles: list[AgentHandle]
+
+
+@asynccontextmanager
+async def agent_run(probe: Probe, kind: str, *, agent_cancel: bool = False) -> AsyncIterator[AgentRun]:
+    """The frame every agent scenario shares: a rig with an owner, the cancellers
+    (caller, owner, teardown, and ``agent-cancel`` if asked) bound and the probe armed
+    on entry; on exit, the live checks, every published agent disposed (under the
+    caller's scope), the runtime's exit checked, the backend closed, the probe
+    disarmed and the stored sessions checked at rest.
+
+    Cancellation: the explorer's cancellers cancel parts of it at step k; anything
+    else (the explorer's hang watchdog) cancels the whole scenario."""
     backend = make_backend(probe, kind)
     handles: list[AgentHandle] = []
     try:
@@ -286,15 +301,10 @@ async def agent_turn(probe: Probe, kind: str) -> None:
                     probe.canceller("caller", caller.cancel)
                     probe.canceller("owner", closer)
                     bind_teardown(probe, r.loop, r.store, body)
-                    probe.canceller("agent-cancel", lambda: handles[0].agent.cancel("parent") if handles else None)
+                    if agent_cancel:
+                        probe.canceller("agent-cancel", lambda: handles[0].agent.cancel("parent") if handles else None)
                     probe.arm()
-                    with caller.scope():
-                        h = await guarded(probe, "create", lambda: r.loop.create("chat", owner=owner, cwd="/chaos"))
-                        if h is not None:
-                            handles.append(h)
-                            track_session(probe, h.session)
-                            await guarded(probe, "run_turn", lambda: h.run_turn("please add 1 and 2"))
-                            await flush_and_acknowledge(probe, h.session, "flush")
+                    yield AgentRun(r, owner, caller, handles)
                     for h in handles:
                         check_live(probe, h.session, idle=not h.agent.busy)
                     await check_runtime_live(probe, r)
@@ -307,6 +317,18 @@ async def agent_turn(probe: Probe, kind: str) -> None:
         close_backend(backend)
     probe.disarm()
     check_at_rest(probe, kind)
+
+
+async def agent_turn(probe: Probe, kind: str) -> None:
+    """Create an agent, run a turn with two tool calls, flush, dispose."""
+    async with agent_run(probe, kind, agent_cancel=True) as run:
+        with run.caller.scope():
+            h = await guarded(probe, "create", lambda: run.rig.loop.create("chat", owner=run.owner, cwd="/chaos"))
+            if h is not None:
+                run.handles.append(h)
+                track_session(probe, h.session)
+                await guarded(probe, "run_turn", lambda: h.run_turn("please add 1 and 2"))
+                await flush_and_acknowledge(probe, h.session, "flush")
 
 
 async def _seed(probe: Probe, kind: str, sid: str) -> None:
@@ -326,46 +348,21 @@ async def _seed(probe: Probe, kind: str, sid: str) -> None:
 async def resume(probe: Probe, kind: str) -> None:
     """Resume a persisted session through ``AgentLoop.resume``, run a turn, dispose."""
     await _seed(probe, kind, "s1")
-    backend = make_backend(probe, kind)
-    handles: list[AgentHandle] = []
-    try:
-        async with trio.open_nursery() as helpers, Owner("app") as owner:
-            closer = OwnerCloser(owner)
-            await helpers.start(closer.run)
-            loop: AgentLoop | None = None
-            async with rig(probe, backend, script=TURN_SCRIPT) as r:
-                loop = r.loop
-                with trio.CancelScope() as body:
-                    caller = Caller()
-                    probe.canceller("caller", caller.cancel)
-                    probe.canceller("owner", closer)
-                    bind_teardown(probe, r.loop, r.store, body)
-                    probe.arm()
-                    with caller.scope():
-                        h = await guarded(probe, "resume", lambda: r.loop.resume("s1", owner=owner))
-                        if h is not None:
-                            handles.append(h)
-                    if not handles:
-                        # Nothing was published: nothing may be left half-published.
-                        live = await guarded(probe, "store.list", r.store.list)
-                        probe.check(not live, f"resume failed but left live sessions: {live}")
-                        probe.check(not r.loop.list(), f"resume failed but left agents: {r.loop.list()}")
-                    with caller.scope():
-                        for h in handles:
-                            await guarded(probe, "run_turn", partial(h.run_turn, "continue"))
-                            await flush_and_acknowledge(probe, h.session, "flush")
-                    for h in handles:
-                        check_live(probe, h.session, idle=not h.agent.busy)
-                    await check_runtime_live(probe, r)
-                    with caller.scope():
-                        for h in handles:
-                            await h.dispose()
-            check_runtime_exited(probe, loop)
-            helpers.cancel_scope.cancel()
-    finally:
-        close_backend(backend)
-    probe.disarm()
-    check_at_rest(probe, kind)
+    async with agent_run(probe, kind) as run:
+        r = run.rig
+        with run.caller.scope():
+            h = await guarded(probe, "resume", lambda: r.loop.resume("s1", owner=run.owner))
+            if h is not None:
+                run.handles.append(h)
+        if not run.handles:
+            # Nothing was published: nothing may be left half-published.
+            live = await guarded(probe, "store.list", r.store.list)
+            probe.check(not live, f"resume failed but left live sessions: {live}")
+            probe.check(not r.loop.list(), f"resume failed but left agents: {r.loop.list()}")
+        with run.caller.scope():
+            for h in run.handles:
+                await guarded(probe, "run_turn", partial(h.run_turn, "continue"))
+                await flush_and_acknowledge(probe, h.session, "flush")
     await _prepare_again(probe, kind, "s1")
 
 
