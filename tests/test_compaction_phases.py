@@ -774,3 +774,24 @@ def test_manual_compaction_error_kinds(kind: str, cls: type[ManualCompactionErro
 def test_manual_compaction_error_unknown_kind() -> None:
     with pytest.raises(ValueError, match="unknown manual compaction kind 'nope'"):
         ManualCompactionError.of("nope", "m")
+
+
+def test_summarize_under_a_cancellation_at_every_step() -> None:
+    # harness.faults on the summarizer: at every scheduler step the caller is
+    # cancelled; it either returns a summary or raises Cancelled (nothing raw), and
+    # the provider's stream is always closed.
+    from harness.faults import Probe, explore
+
+    async def scenario(probe: Probe) -> None:
+        provider = Recording([[Say("- first part"), Say(" - second part")]])
+        with trio.CancelScope() as caller:
+            probe.canceller("caller", caller.cancel)
+            probe.arm()
+            out = await summarize(provider, input_of("x"), session_id="s", max_tokens=10)
+            probe.check(out.summary, "a returned summary holds text")
+        probe.disarm()
+        probe.check(provider.closed, "the provider's stream was not closed")
+
+    report = explore(scenario, name="summarize")
+    assert report.ok, report.distinct()
+    assert report.steps["caller"] >= 5
