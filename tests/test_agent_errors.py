@@ -11,9 +11,9 @@ import trio.testing
 
 from actors import Owner
 from harness.agent import Call, Fail, Say, ScriptedProvider, ToolSet, open_agent_loop, tool
-from harness.agent._provider import ProviderError
 from harness.faults import FailingFiles
 from harness.persistence import JsonlBackend, open_persistence
+from harness.providers import ProviderError
 from harness.runtime import SessionHandle, open_store
 from harness.session import RelationalInvariants, thaw
 
@@ -186,8 +186,8 @@ async def test_cancelled_turn_never_answers_a_call_twice() -> None:
 
 async def test_a_provider_that_never_closes_its_stream_is_bounded(caplog: pytest.LogCaptureFixture) -> None:
     from harness.agent import Agent
-    from harness.agent._provider import ModelRequest, TextDelta
     from harness.errors import SessionError
+    from harness.providers import ModelRequest, TextDelta
 
     class Stuck:
         name = "stuck"
@@ -248,7 +248,7 @@ async def test_dispose_waits_for_a_wedged_turn_only_so_long(tmp_path: Path, capl
 
 async def test_a_raw_stream_failure_is_a_typed_provider_error() -> None:
     from harness.agent import Agent
-    from harness.agent._provider import ModelRequest, TextDelta
+    from harness.providers import ModelRequest, TextDelta
 
     class Flaky:
         name = "flaky"
@@ -316,7 +316,7 @@ async def test_owner_aclose_waits_for_a_dispose_started_inside_the_turn(tmp_path
 @pytest.mark.parametrize("where", ["while-flushing", "inside-the-stream"])
 async def test_a_stream_whose_close_fails_never_replaces_the_cancellation(where: str) -> None:
     from harness.agent import Agent
-    from harness.agent._provider import ModelRequest, TextDelta
+    from harness.providers import ModelRequest, TextDelta
 
     class ClosesBadly:
         name = "p"

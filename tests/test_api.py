@@ -33,7 +33,7 @@ def test_exported_surface(module: str) -> None:
         assert hasattr(mod, name), name
 
 
-@pytest.mark.parametrize("module", ["harness.session", "harness.agent", "harness.errors"])
+@pytest.mark.parametrize("module", ["harness.session", "harness.agent", "harness.errors", "harness.providers", "harness.compaction"])
 def test_every_exported_name_exists(module: str) -> None:
     mod = importlib.import_module(module)
     for name in mod.__all__:
@@ -63,3 +63,16 @@ def test_the_session_core_has_no_trio() -> None:
     for path in (REPO / "harness" / "session").rglob("*.py"):
         text = path.read_text()
         assert "import trio" not in text and "from trio" not in text, path
+
+
+@pytest.mark.parametrize("package", ["providers", "compaction"])
+def test_providers_and_compaction_never_import_the_agent_loop(package: str) -> None:
+    # The agent loop will use compaction; compaction's summarizer uses the provider
+    # protocol. Neither may import harness.agent (an import cycle in waiting).
+    for path in (REPO / "harness" / package).rglob("*.py"):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom):
+                assert not (node.module or "").startswith("harness.agent"), path
+            if isinstance(node, ast.Import):
+                assert not any(a.name.startswith("harness.agent") for a in node.names), path

@@ -8,7 +8,9 @@ from harness.agent._loop import (
     AgentLoopError,
     open_agent_loop,
 )
-from harness.agent._provider import (
+from harness.agent._scripted import Call, Delay, Fail, Say, ScriptedProvider, Think, Truncated
+from harness.agent._tools import Tool, ToolError, ToolSet, tool
+from harness.providers import (
     ContextWindowExceededError,
     Finish,
     ModelProvider,
@@ -24,8 +26,6 @@ from harness.agent._provider import (
     ToolSpec,
     Usage,
 )
-from harness.agent._scripted import Call, Delay, Fail, Say, ScriptedProvider, Think, Truncated
-from harness.agent._tools import Tool, ToolError, ToolSet, tool
 
 __all__ = [
     "Agent",

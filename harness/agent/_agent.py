@@ -11,7 +11,10 @@ import orjson
 import trio
 
 from actors import ActorError
-from harness.agent._provider import (
+from harness.agent._tools import ToolSet
+from harness.errors import HarnessError
+from harness.persistence import CheckpointPolicy
+from harness.providers import (
     Finish,
     ModelProvider,
     ModelRequest,
@@ -23,9 +26,6 @@ from harness.agent._provider import (
     close_stream,
     next_chunk,
 )
-from harness.agent._tools import ToolSet
-from harness.errors import HarnessError
-from harness.persistence import CheckpointPolicy
 from harness.runtime import SessionHandle
 from harness.session import EventDraft, freeze, header_equals, thaw
 

@@ -13,11 +13,11 @@ import trio
 
 from actors import Lifetime, LifetimeClosedError, Owner, bind_all, run_abandonable, run_bounded
 from harness.agent._agent import Agent
-from harness.agent._provider import ModelProvider
 from harness.agent._tools import ToolSet
 from harness.errors import HarnessError
 from harness.faults._points import FaultPoints
 from harness.persistence import CheckpointPolicy, Persistence, SessionPreparation
+from harness.providers import ModelProvider
 from harness.runtime import SessionHandle, Store
 from harness.session import Session
 

@@ -14,7 +14,7 @@ import attrs
 import orjson
 import trio
 
-from harness.agent._provider import (
+from harness.providers import (
     Finish,
     ModelRequest,
     ProviderError,

@@ -7,8 +7,8 @@ from typing import Any
 
 import attrs
 
-from harness.agent._provider import ToolSpec
 from harness.errors import HarnessError
+from harness.providers import ToolSpec
 
 ToolFn = Callable[[dict[str, Any]], Awaitable[Any]]
 

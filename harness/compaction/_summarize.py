@@ -6,7 +6,7 @@ summary. There is no retry and no timeout here: a caller that wants a bound puts
 the call in a cancel scope.
 
 Images: the reference rejects image output (``UNSUPPORTED_CONTENT``). Our
-:data:`~harness.agent.StreamChunk` union has no image chunk, so a reply here can
+:data:`~harness.providers.StreamChunk` union has no image chunk, so a reply here can
 hold only text, reasoning and tool calls; there is nothing to reject.
 """
 
@@ -19,7 +19,14 @@ from typing import Any, Final
 
 import attrs
 
-from harness.agent._provider import (
+from harness.compaction._config import BasicCompactionConfig, CompactionPolicy
+from harness.compaction._framing import (
+    COMPACTION_INSTRUCTION,
+    SUMMARIZER_PLUGIN,
+    SummarizationInput,
+)
+from harness.errors import EmptySummaryError, SummaryTargetError, SummaryTruncatedError
+from harness.providers import (
     Finish,
     ModelProvider,
     ModelRequest,
@@ -32,13 +39,6 @@ from harness.agent._provider import (
     close_stream,
     next_chunk,
 )
-from harness.compaction._config import BasicCompactionConfig, CompactionPolicy
-from harness.compaction._framing import (
-    COMPACTION_INSTRUCTION,
-    SUMMARIZER_PLUGIN,
-    SummarizationInput,
-)
-from harness.errors import EmptySummaryError, SummaryTargetError, SummaryTruncatedError
 from harness.session import FrozenDict, freeze, thaw
 
 PURPOSE: Final = "compaction"
@@ -192,8 +192,8 @@ async def summarize(
 
     Raises, committing nothing:
 
-    * the provider's :class:`~harness.agent.ProviderError` as is; anything else the
-      stream raises as :class:`~harness.agent.ProviderStreamError` (the original is
+    * the provider's :class:`~harness.providers.ProviderError` as is; anything else the
+      stream raises as :class:`~harness.providers.ProviderStreamError` (the original is
       the cause), as the agent loop does;
     * :class:`~harness.errors.SummaryTruncatedError` (``MAX_TOKENS``) on finish
       ``length``;

@@ -14,7 +14,7 @@ from actors import run_bounded
 from harness.errors import HarnessError
 from harness.session import FrozenDict
 
-log = logging.getLogger("harness.agent")
+log = logging.getLogger("harness.providers")
 
 
 @attrs.frozen
