@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from enum import Enum
 from typing import Any, ClassVar, Generic, TypeVar, final
 
@@ -54,6 +54,25 @@ class Actor(Generic[M]):
     reply_grace: ClassVar[float] = 30.0
 
     name: str = "actor"
+    #: This actor's own ref (set when it is spawned): how its children reach it.
+    ref: ActorRef[Any] | None = None
+    _children: trio.Nursery | None = None  # set while the actor runs
+
+    def start_child(self, fn: Callable[..., Awaitable[Any]], *args: Any, name: str | None = None) -> None:
+        """Run ``fn(*args)`` as a child task of this actor (call it from :meth:`handle`).
+
+        Children run alongside the actor, which keeps serving messages; they reach the
+        actor's state only through messages to its ref, like anyone else. When the
+        actor stops normally, its children are cancelled once the mailbox is drained
+        and waited for, *before* :meth:`on_stop` runs (so ``on_stop`` can settle what
+        they left open). An exception escaping a child crashes the actor.
+
+        Raises :class:`ActorStoppedError` once the actor no longer runs.
+        """
+        children = self._children
+        if children is None:
+            raise ActorStoppedError(f"actor {self.name!r} is not running")
+        children.start_soon(fn, *args, name=name or f"{self.name} child")
 
     async def handle(self, message: M) -> Any:
         """Handle one message; runs in the actor task. Cancelled only when the runtime is
@@ -61,7 +80,8 @@ class Actor(Generic[M]):
         raise NotImplementedError
 
     async def on_stop(self) -> None:
-        """Called once, after the mailbox is drained, when the actor stops normally.
+        """Called once, after the mailbox is drained and the children have ended, when
+        the actor stops normally.
 
         Runs in a shielded scope: it completes even if the runtime is cancelled meanwhile.
         """
@@ -199,7 +219,28 @@ async def run_actor(
     """
     try:
         with cell.scope:
-            await _serve_all(actor, receive, cell, on_crash)
+            drained = False
+            try:
+                async with trio.open_nursery() as children:
+                    actor._children = children
+                    try:
+                        drained = await _serve_all(actor, receive, cell, on_crash)
+                    finally:
+                        # No new child once serving ends; the running ones are
+                        # cancelled (the mailbox is closed: they can no longer
+                        # reach the actor) and waited for.
+                        actor._children = None
+                        children.cancel_scope.cancel()
+            except Exception as exc:
+                # A child failed (the nursery raises it in a group): a crash.
+                drained = False
+                cell.crash = exc
+                on_crash(actor.name, exc)
+            if drained:
+                with trio.CancelScope(shield=True):
+                    # Shielded and local: a normal stop always runs the actor's
+                    # shutdown, even if the runtime is being cancelled meanwhile.
+                    await actor.on_stop()
     finally:
         cell.closing = True
         failure = (
@@ -227,7 +268,8 @@ async def _serve_all(
     receive: trio.MemoryReceiveChannel[_Envelope],
     cell: _Cell,
     on_crash: Callable[[str, BaseException], None],
-) -> None:
+) -> bool:
+    """Serve until the mailbox closes (True: drained) or a handler crashes (False)."""
     async for env in receive:
         if env.state is _State.WITHDRAWN:
             continue
@@ -239,11 +281,8 @@ async def _serve_all(
         cell.current = None
         del env
         if crashed:
-            return
-    with trio.CancelScope(shield=True):
-        # Shielded and local: a normal stop always runs the actor's shutdown, even
-        # if the runtime is being cancelled meanwhile.
-        await actor.on_stop()
+            return False
+    return True
 
 
 async def _serve(

@@ -104,6 +104,7 @@ class ActorRuntime:
         send, receive = trio.open_memory_channel[_Envelope](actor.mailbox_size)
         cell = _Cell(actor.reply_grace)
         ref: ActorRef[Any] = ActorRef(actor.name, send, cell)
+        actor.ref = ref
         self._actors[ref] = (cell, send)
 
         def on_crash(name: str, exc: BaseException) -> None:

@@ -590,3 +590,76 @@ async def test_a_cancelled_stop_is_still_bounded_and_forgets_the_actor() -> None
         with trio.move_on_after(0.01):
             await rt.stop(ref)  # shielded: the caller's deadline does not cut it short
         assert not ref.alive and ref not in rt._actors
+
+
+class Parent(Actor[Any]):
+    """Starts a child that reports back through the actor's own ref."""
+
+    def __init__(self) -> None:
+        self.name = "parent"
+        self.reports: list[str] = []
+        self.log: list[str] = []
+        self.child_gate = trio.Event()
+
+    async def handle(self, message: Any) -> Any:
+        if message == "start":
+            self.start_child(self._child)
+            return "started"
+        if message == "boom-child":
+            self.start_child(self._failing_child)
+            return "started"
+        if isinstance(message, tuple) and message[0] == "report":
+            self.reports.append(message[1])
+            return None
+        return message
+
+    async def _child(self) -> None:
+        assert self.ref is not None
+        try:
+            await self.ref.call(("report", "working"))
+            await self.child_gate.wait()
+            await self.ref.call(("report", "done"))
+        finally:
+            self.log.append("child ended")
+
+    async def _failing_child(self) -> None:
+        await trio.lowlevel.checkpoint()
+        raise ValueError("child bug")
+
+    async def on_stop(self) -> None:
+        self.log.append("on_stop")
+
+
+async def test_children_run_alongside_and_report_through_the_ref() -> None:
+    async with ActorRuntime() as rt:
+        a = Parent()
+        ref = rt.spawn(a)
+        assert await ref.call("start") == "started"
+        assert await ref.call("echo") == "echo"  # the actor keeps serving
+        a.child_gate.set()
+        await trio.testing.wait_all_tasks_blocked()
+        assert a.reports == ["working", "done"]
+
+
+async def test_children_are_cancelled_before_on_stop() -> None:
+    async with ActorRuntime() as rt:
+        a = Parent()
+        ref = rt.spawn(a)
+        await ref.call("start")
+        await trio.testing.wait_all_tasks_blocked()
+        await rt.stop(ref)
+        assert a.log == ["child ended", "on_stop"] and a.reports == ["working"]
+        with pytest.raises(ActorStoppedError):
+            a.start_child(a._child)
+
+
+async def test_a_failing_child_crashes_its_actor() -> None:
+    seen: list[str] = []
+    async with ActorRuntime(supervisor=lambda name, exc: seen.append(name)) as rt:
+        a = Parent()
+        ref = rt.spawn(a)
+        await ref.call("boom-child")
+        await trio.testing.wait_all_tasks_blocked()
+        with pytest.raises(ActorCrashedError):
+            await ref.call("echo")
+        assert seen == ["parent"] and "on_stop" not in a.log
