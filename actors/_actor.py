@@ -86,6 +86,14 @@ class Actor(Generic[M]):
         Runs in a shielded scope: it completes even if the runtime is cancelled meanwhile.
         """
 
+    def on_exit(self) -> None:
+        """Called once when the actor's task ends, however it ends (a normal stop, after
+        :meth:`on_stop`; a crash; a cancellation), after its children have ended.
+
+        Synchronous: settle what must never be left pending (e.g. wake waiters on work
+        the actor owned). An exception here is logged, never raised.
+        """
+
 
 @final
 class ActorRef(Generic[M]):
@@ -260,6 +268,10 @@ async def run_actor(
             if env.state is _State.QUEUED:
                 _finish(env, outcome.Error(failure))
         receive.close()
+        try:
+            actor.on_exit()
+        except Exception:
+            log.exception("actor %r: on_exit failed", actor.name)
         cell.stopped.set()
 
 

@@ -17,7 +17,7 @@ PUBLIC = {
     "harness.faults": {
         "LIBRARY_ERRORS", "MUTATING_KINDS", "POWER_LOSS_KINDS", "Attempt", "ExploreReport", "Probe", "ReplayKey",
         "Scenario", "ScenarioError", "ScenarioFn", "Settings", "TaskInfo", "Violation", "builtin_scenarios",
-        "check_at_rest", "check_durable", "check_log", "check_no_tasks_left", "check_preparations", "check_stored",
+        "check_at_rest", "check_durable", "check_log", "open_compaction", "check_no_tasks_left", "check_preparations", "check_stored",
         "check_writer_locks", "explore", "explore_crash", "explore_io", "kill_campaign", "make_backend",
         "plain_backend", "replay", "step_plan", "track_session", "FailingFiles", "FaultPoints", "FaultyFiles",
         "PowerLossFiles", "SimulatedCrash", "SqliteFaults",

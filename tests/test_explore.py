@@ -393,3 +393,20 @@ def test_a_worker_thread_abandoned_by_the_run_is_reported() -> None:
     attempt = replay(abandons, "abandons:seed=0:k=0:dry", settings=settings)
     assert [v.message for v in attempt.violations] == ["worker thread outlived the run (still running): wait from scenario abandons"]
     assert attempt.gate_timeouts == 1
+
+
+def test_check_log_sees_nested_and_mismatched_compaction_brackets() -> None:
+    from harness.faults import open_compaction
+
+    def rec(seq: int, t: str, data: dict[str, Any]) -> dict[str, Any]:
+        return {"type": t, "seq": seq, "time": 1, "data": data}
+
+    good = [rec(0, "compaction/start", {"compactionId": "a", "turn": None}), rec(1, "compaction/end", {"compactionId": "a", "turn": None})]
+    assert check_log(good, live=False) == [] and open_compaction(good) is None
+    nested = [rec(0, "compaction/start", {"compactionId": "a", "turn": None}), rec(1, "compaction/start", {"compactionId": "b", "turn": None})]
+    assert check_log(nested, live=True) == ["compaction/start at seq 1 while compaction a is open"]
+    assert open_compaction(nested) == "b"
+    wrong = [rec(0, "compaction/start", {"compactionId": "a", "turn": None}), rec(1, "compaction/end", {"compactionId": "z", "turn": None})]
+    assert check_log(wrong, live=True) == ["compaction/end at seq 1 names compaction z but the open one is a"]
+    stale = [rec(0, "compaction/start", {"compactionId": "a", "turn": None}), rec(1, "session/end-seed", {}), rec(2, "compaction/start", {"compactionId": "b", "turn": None})]
+    assert check_log(stale, live=True) == [] and open_compaction(stale) == "b"

@@ -36,6 +36,7 @@ from harness.faults._invariants import (
     check_preparations,
     check_stored,
     check_writer_locks,
+    open_compaction,
 )
 from harness.faults._io import explore_crash, explore_io, kill_campaign, replay
 from harness.faults._points import FaultPoints
@@ -61,6 +62,7 @@ __all__ = [
     "check_at_rest",
     "check_durable",
     "check_log",
+    "open_compaction",
     "check_no_tasks_left",
     "check_preparations",
     "check_stored",

@@ -76,7 +76,12 @@ def check_log(events: Sequence[Event | Mapping[str, Any]], *, live: bool) -> lis
       aside), each after a ``tool/call`` with that id (crash repair's synthetic
       ``TOOL_NOT_STARTED`` results aside). Call ids are scoped to their turn: a provider
       may reuse them in a later turn;
-    * every tool call an ``assistant/message`` makes is answered before its step ends.
+    * every tool call an ``assistant/message`` makes is answered before its step ends;
+    * compaction brackets never nest and close what they opened: a ``compaction/start``
+      while another of this lifecycle is open, a ``compaction/summary`` or
+      ``compaction/end`` naming another compaction (or none) are violations. A start a
+      later ``session/end-seed`` proves stale (a crash, a resume) is forgiven; an
+      unmatched start at the end of the log is left to :func:`open_compaction`.
     """
     out: list[str] = []
     open_turn: Any = None
@@ -85,6 +90,7 @@ def check_log(events: Sequence[Event | Mapping[str, Any]], *, live: bool) -> lis
     called: set[Any] = set()
     answered: set[Any] = set()
     step_calls: list[str] = []
+    bracket: Any = None  # compactionId of the open compaction of this lifecycle
     for i, item in enumerate(events):
         t, seq, data, op = _fields(item)
         d = data if type(data) is dict else {}
@@ -118,6 +124,17 @@ def check_log(events: Sequence[Event | Mapping[str, Any]], *, live: bool) -> lis
             if missing:
                 out.append(f"step/end at seq {seq} leaves tool call(s) {', '.join(missing)} without a result")
             open_step, step_calls = None, []
+        elif t == "session/end-seed":
+            bracket = None  # an earlier lifecycle's unmatched start is stale
+        elif t == "compaction/start":
+            if bracket is not None:
+                out.append(f"compaction/start at seq {seq} while compaction {bracket} is open")
+            bracket = d.get("compactionId")
+        elif t in ("compaction/summary", "compaction/end"):
+            if bracket is None or d.get("compactionId") != bracket:
+                out.append(f"{t} at seq {seq} names compaction {d.get('compactionId')} but the open one is {bracket}")
+            if t == "compaction/end":
+                bracket = None
         elif t == "assistant/message":
             step_calls.extend(_tool_call_blocks(d))
         elif t == "tool/call":
@@ -135,6 +152,19 @@ def check_log(events: Sequence[Event | Mapping[str, Any]], *, live: bool) -> lis
         elif open_step is not None:
             out.append(f"step {open_step} is still open at the end of a log at rest")
     return out
+
+
+def open_compaction(events: Sequence[Event | Mapping[str, Any]]) -> str | None:
+    """The ``compactionId`` of a compaction still open at the end of the log (an
+    unmatched ``compaction/start`` not followed by a ``session/end-seed``), else None."""
+    for item in reversed(events):
+        t, _, data, _ = _fields(item)
+        if t in ("compaction/end", "session/end-seed"):
+            return None
+        if t == "compaction/start":
+            d = data if type(data) is dict else {}
+            return str(d.get("compactionId"))
+    return None
 
 
 def check_preparations(stats: Mapping[str, int]) -> list[str]:

@@ -5,9 +5,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, final
 
-from actors import ActorCrashedError, ActorRef, ActorStoppedError
-from harness.errors import SessionNotLiveError
-from harness.runtime._messages import Append, Barrier, CommitReplace, Derive
+import trio
+
+from actors import ActorCrashedError, ActorRef, ActorStoppedError, run_bounded
+from harness.compaction._transaction import CompactionResult, Stability
+from harness.errors import HarnessError, ManualCompactionError, SessionNotLiveError
+from harness.runtime._compaction import CLOSE_GRACE, CompactionTicket, Summarizer, outcome
+from harness.runtime._messages import Append, Barrier, CommitReplace, CompactBegin, Derive
 from harness.session import (
     Event,
     EventDraft,
@@ -170,6 +174,67 @@ class SessionHandle:
         """
         draft = EventDraft(type, data, surface_op, source_event_seqs)
         return await self._call(CommitReplace(tuple(expected_surface), draft))  # type: ignore[no-any-return]
+
+    async def compact_region(
+        self,
+        start: int,
+        end: int,
+        *,
+        summarizer: Summarizer,
+        manual: bool = False,
+        stability: Stability | None = None,
+        source_command_id: str | None = None,
+        flush: bool = False,
+    ) -> CompactionResult:
+        """Compact the surface span ``start..end`` (seqs, inclusive): one bracket owned
+        by the session actor (compaction reference §1).
+
+        The actor validates the range, checks the lock (``busy``: an unmatched
+        ``compaction/start`` of this lifecycle) and the owner (an automatic run needs
+        an open turn and is owned by it; a ``manual`` run needs none open), appends
+        ``compaction/start``, and runs ``summarizer`` as its child task while it keeps
+        serving appends and reads. It then checks stability (``whole-surface`` for
+        automatic runs, ``selected-span`` for manual ones, unless given) and commits
+        ``compaction/summary``, the checkpoint replace and ``compaction/end`` in one
+        batch, or closes the bracket with an error end. ``flush`` (manual runs) makes
+        the closed bracket durable before returning.
+
+        Errors: automatic runs raise the raw error (a :class:`CompactionError` for a
+        bad range, a ``SurfaceChangedError``, the summarizer's error, ...); manual runs
+        raise a classified :class:`ManualCompactionError` (``busy``, ``changed``,
+        ``summary``, ``commit``, ``persistence``); the lock check raises
+        ``ManualCompactionError("busy")`` on every path.
+
+        Cancellation: cancelled before the actor took the request, nothing happened.
+        After, the summarizer is cancelled, the bracket is closed with an error end
+        (the caller waits for that, shielded, bounded), and then ``Cancelled``
+        propagates. If the session actor stops meanwhile, the bracket is closed by the
+        actor and this raises ``SessionNotLiveError`` (classified ``commit`` when manual).
+        """
+        if stability is None:
+            stability = "selected-span" if manual else "whole-surface"
+        ticket: CompactionTicket = await self._call(
+            CompactBegin(start, end, summarizer, manual, stability, source_command_id)
+        )
+        try:
+            await ticket.wait()
+        except trio.Cancelled:
+            ticket.cancel("caller cancelled")
+            await run_bounded(ticket.wait, CLOSE_GRACE, shield=True)
+            raise
+        flush_error: HarnessError | None = None
+        if flush and (ticket.failure is None or ticket.stage != "commit"):
+            # The bracket closed (committed or with an error end): make it durable.
+            try:
+                await self.flush()
+            except HarnessError as exc:
+                flush_error = exc
+        result = outcome(ticket, manual=manual, session_id=self.id)
+        if flush_error is not None:
+            raise ManualCompactionError.of(
+                "persistence", "manual compaction durability checkpoint failed", cause=flush_error, session_id=self.id
+            )
+        return result
 
     async def barrier(self) -> None:
         """Return once every message sent to this session before the call is handled.

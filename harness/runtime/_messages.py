@@ -25,6 +25,31 @@ class Derive:
 
 
 @attrs.frozen
+class CompactBegin:
+    """Open a compaction bracket over the surface span ``start..end`` (seqs): validate,
+    check the lock and the owner, append ``compaction/start``, prepare, and start the
+    summarizer as a child task of the session actor. Returns a ticket."""
+
+    start: int
+    end: int
+    summarizer: Any  # async (SummarizationInput) -> SummaryOutput
+    manual: bool
+    stability: str
+    source_command_id: str | None
+
+
+@attrs.frozen
+class CompactFinish:
+    """The summarizer child's outcome: commit (stability check + summary + checkpoint
+    + end, one batch) or close the bracket with an error end."""
+
+    compaction_id: str
+    output: Any  # SummaryOutput | None
+    framed: Any  # the checkpoint message, when the output passed the shrink check
+    failure: BaseException | None
+
+
+@attrs.frozen
 class ForkPrefix:
     """Validate a fork boundary; build and return the child Session (not yet live).
 

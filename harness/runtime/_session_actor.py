@@ -2,17 +2,37 @@
 
 from __future__ import annotations
 
+import contextlib
 from typing import TYPE_CHECKING, Any
 
-from actors import Actor, Rejected
+from actors import Actor, ActorError, Rejected
+from harness.compaction._transaction import (
+    Transaction,
+    begin,
+    check_stable,
+    commit_drafts,
+    end_draft,
+    prepare,
+    result_of,
+)
 from harness.errors import (
     HarnessError,
     InvalidBoundaryError,
     OpenTurnError,
+    SessionNotLiveError,
     SurfaceChangedError,
 )
+from harness.runtime._compaction import CompactionTicket, Summarizer, run_summarizer
 from harness.runtime._listeners import Listeners
-from harness.runtime._messages import Append, Barrier, CommitReplace, Derive, ForkPrefix
+from harness.runtime._messages import (
+    Append,
+    Barrier,
+    CommitReplace,
+    CompactBegin,
+    CompactFinish,
+    Derive,
+    ForkPrefix,
+)
 from harness.session import Event, Session
 from harness.session._events import SAFE_INT_MAX
 from harness.session._session import _NO_TURN
@@ -37,6 +57,8 @@ class SessionActor(Actor[Any]):
         self.listeners = listeners
         self.session_handle = handle
         self.name = f"session:{session.id}"
+        # Open compaction brackets: compaction id -> (transaction, ticket).
+        self._compactions: dict[str, tuple[Transaction, CompactionTicket]] = {}
 
     async def handle(self, message: Any) -> Any:
         if type(message) is Append:
@@ -55,7 +77,100 @@ class SessionActor(Actor[Any]):
             return self._append((message.draft,))[0]
         if type(message) is Barrier:
             return None
+        if type(message) is CompactBegin:
+            return self._compact_begin(message)
+        if type(message) is CompactFinish:
+            self._compact_finish(message)
+            return None
         raise TypeError(f"session actor got an unknown message {message!r}")
+
+    async def on_stop(self) -> None:
+        """The actor stops (detach): its summarizer children are already cancelled;
+        close every bracket they left open with an error end, so no live lock outlives
+        the session (the writer still records it: ``disposed`` comes after)."""
+        for txn, ticket in list(self._compactions.values()):
+            self._close(txn, ticket, SessionNotLiveError(
+                f'session "{self.session.id}" stopped during compaction {txn.compaction_id}',
+                session_id=self.session.id,
+            ), "summary")
+
+    def on_exit(self) -> None:
+        """However the actor ended (a crash, a cancelled runtime), no caller is left
+        waiting on a compaction: an open one fails (its bracket stays open in the log,
+        like after a crash, and becomes stale on the next load)."""
+        for txn, ticket in self._compactions.values():
+            ticket.resolve(
+                None,
+                SessionNotLiveError(
+                    f'session "{self.session.id}" ended during compaction {txn.compaction_id}',
+                    session_id=self.session.id,
+                ),
+                "commit",
+            )
+        self._compactions.clear()
+
+    # -- compaction (reference §1: the actor owns the transaction) ----------------------
+
+    def _compact_begin(self, message: CompactBegin) -> CompactionTicket:
+        txn, start = begin(
+            self.session,
+            message.start,
+            message.end,
+            manual=message.manual,
+            stability=message.stability,  # type: ignore[arg-type]
+            source_command_id=message.source_command_id,
+        )
+        txn.start_seq = self._append((start,))[0].seq
+        ticket = CompactionTicket(txn.compaction_id)
+        self._compactions[txn.compaction_id] = (txn, ticket)
+        try:
+            prepare(self.session, txn)
+        except HarnessError as exc:
+            self._close(txn, ticket, exc, "summary")
+            return ticket
+        self.start_child(self._summarize, txn, ticket, message.summarizer, name=f"compaction {txn.compaction_id}")
+        return ticket
+
+    async def _summarize(self, txn: Transaction, ticket: CompactionTicket, summarizer: Summarizer) -> None:
+        output, framed, failure = await run_summarizer(txn, ticket, summarizer)
+        assert self.ref is not None
+        with contextlib.suppress(ActorError):  # the actor is stopping: on_stop closes it
+            await self.ref.call(CompactFinish(txn.compaction_id, output, framed, failure))
+
+    def _compact_finish(self, message: CompactFinish) -> None:
+        entry = self._compactions.get(message.compaction_id)
+        if entry is None:
+            return  # already closed
+        txn, ticket = entry
+        failure = message.failure
+        if failure is None:
+            try:
+                check_stable(self.session, txn)
+            except HarnessError as exc:
+                failure = exc
+        if failure is not None:
+            self._close(txn, ticket, failure, "summary")
+            return
+        try:
+            events = self._append(tuple(commit_drafts(self.session, txn, message.output, message.framed)))
+        except (HarnessError, Rejected) as exc:
+            self._close(txn, ticket, exc.error if isinstance(exc, Rejected) else exc, "commit")
+            return
+        del self._compactions[txn.compaction_id]
+        ticket.resolve(result_of(txn, events, message.output), None, "commit")
+
+    def _close(self, txn: Transaction, ticket: CompactionTicket, failure: BaseException, stage: str) -> None:
+        """One attempt at the error end (§1.2 step 8); a failing end is a ``commit``
+        failure and leaves the start as a live lock for this lifecycle (§1.3)."""
+        self._compactions.pop(txn.compaction_id, None)
+        try:
+            self._append((end_draft(txn, failure),))
+        except (HarnessError, Rejected) as exc:
+            close_error = exc.error if isinstance(exc, Rejected) else exc
+            close_error.__cause__ = failure
+            ticket.resolve(None, close_error, "commit")
+            return
+        ticket.resolve(None, failure, stage)
 
     def _fork(self, message: ForkPrefix) -> Session:
         boundary = check_fork_boundary(self.session, message.boundary)

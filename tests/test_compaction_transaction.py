@@ -1,0 +1,328 @@
+"""The compaction transaction owned by the session actor (reference §1, §3)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+import trio.testing
+
+from harness.compaction import PREAMBLE, SummarizationInput, SummaryOutput
+from harness.errors import (
+    CompactionBusyError,
+    CompactionChangedError,
+    CompactionError,
+    CompactionSummaryFailedError,
+    SessionNotLiveError,
+    SummaryNotSmallerError,
+    SurfaceChangedError,
+)
+from harness.persistence import JsonlBackend, open_persistence
+from harness.runtime import SessionHandle, open_store
+from harness.session import EventDraft, freeze, thaw
+from tests.helpers import assistant, user
+
+LONG = "lorem ipsum dolor sit amet " * 40  # ~1,000 characters: worth compacting
+
+
+class Summaries:
+    """A summarizer the test controls: a gate to hold it, a failure to raise."""
+
+    def __init__(self, text: str = "- the user asked; the model answered", fail: Exception | None = None) -> None:
+        self.text = text
+        self.fail = fail
+        self.gate: trio.Event | None = None
+        self.started = trio.Event()
+        self.inputs: list[SummarizationInput] = []
+
+    async def __call__(self, inp: SummarizationInput) -> SummaryOutput:
+        self.inputs.append(inp)
+        self.started.set()
+        if self.gate is not None:
+            await self.gate.wait()
+        await trio.lowlevel.checkpoint()
+        if self.fail is not None:
+            raise self.fail
+        block = freeze({"type": "text", "text": self.text})
+        return SummaryOutput(summary=(block,), raw_output=(block,), provider="p", model="m", max_tokens=256)  # type: ignore[arg-type]
+
+
+async def conversation(s: SessionHandle, turns: int, *, open_turn: bool) -> list[int]:
+    """``turns`` closed turns (a user and an assistant message each), then an open one
+    when asked; returns the surface seqs of the messages."""
+    seqs: list[int] = []
+    for t in range(1, turns + 1):
+        events = await s.append_batch(
+            [
+                EventDraft("turn/start", {"turn": t}),
+                EventDraft("user/message", user(f"u{t}", LONG), "append"),
+                EventDraft("step/start", {"turn": t, "step": 1}),
+                EventDraft("assistant/message", assistant(t, 1, f"a{t}", [{"type": "text", "text": LONG}]), "append"),
+                EventDraft("step/end", {"turn": t, "step": 1}),
+                EventDraft("turn/end", {"turn": t, "reason": {"kind": "completed"}}),
+            ]
+        )
+        seqs += [events[1].seq, events[3].seq]
+    if open_turn:
+        t = turns + 1
+        events = await s.append_batch(
+            [EventDraft("turn/start", {"turn": t}), EventDraft("user/message", user(f"u{t}", "next"), "append")]
+        )
+        seqs.append(events[1].seq)
+    return seqs
+
+
+def bracket(s: SessionHandle) -> list[tuple[str, Any]]:
+    return [(e.type, thaw(e.data)) for e in s.events if e.type.startswith("compaction/")]
+
+
+async def test_an_automatic_compaction_commits_summary_checkpoint_and_end() -> None:
+    async with open_store() as store:
+        s = await store.create("s")
+        seqs = await conversation(s, 2, open_turn=True)
+        summarizer = Summaries()
+        result = await s.compact_region(seqs[0], seqs[3], summarizer=summarizer)
+        types = [e.type for e in s.events][-4:]
+        assert types == ["compaction/start", "compaction/summary", "user/message", "compaction/end"]
+        start, summary, checkpoint, end = list(s.events)[-4:]
+        cid = thaw(start.data)["compactionId"]
+        assert thaw(start.data) == {"compactionId": cid, "turn": 3}
+        data = thaw(summary.data)
+        assert list(data) == [
+            "compactionId", "summary", "rawOutput", "llmStreamCall", "shadowedRange",
+            "shadowedSeqs", "shadowedTokenCount", "provider", "model", "maxTokens",
+        ]
+        assert data["shadowedRange"] == {"start": seqs[0], "end": seqs[3]} and data["shadowedSeqs"] == seqs[:4]
+        assert checkpoint.surface_op is not None and checkpoint.source_event_seqs == (start.seq, summary.seq, *seqs[:4])
+        message = thaw(checkpoint.data)
+        assert message["content"][0]["text"].startswith(PREAMBLE) and message["source"]["plugin"] == "compact"
+        assert thaw(end.data) == {"compactionId": cid, "turn": 3}
+        # The model now sees the checkpoint, then what followed the span.
+        assert s.surface() == (checkpoint.seq, seqs[4])
+        assert result.summary_seq == summary.seq and result.end_seq == end.seq
+        assert result.shadowed_token_count == data["shadowedTokenCount"] > 0
+        # The summarizer saw the shadowed messages, in surface order.
+        assert [m["id"] for m in summarizer.inputs[0].messages] == ["u1", "a1", "u2", "a2"]
+
+
+async def test_range_owner_and_lock_checks_write_nothing() -> None:
+    async with open_store() as store:
+        s = await store.create("s")
+        seqs = await conversation(s, 2, open_turn=False)
+        before = len(s.events)
+        with pytest.raises(CompactionError, match=r"compactRegion: start seq 999 not found in surface"):
+            await s.compact_region(999, seqs[1], summarizer=Summaries())
+        with pytest.raises(CompactionError, match=r"is after end seq"):
+            await s.compact_region(seqs[2], seqs[1], summarizer=Summaries())
+        with pytest.raises(CompactionError, match=r"no open turn — automatic compaction"):
+            await s.compact_region(seqs[0], seqs[1], summarizer=Summaries())
+        assert len(s.events) == before
+        await conversation_turn_open(s)
+        with pytest.raises(CompactionBusyError, match="manual compaction: the session already has an open turn"):
+            await s.compact_region(seqs[0], seqs[1], summarizer=Summaries(), manual=True)
+        assert len(s.events) == before + 2
+
+
+async def conversation_turn_open(s: SessionHandle) -> None:
+    await s.append_batch([EventDraft("turn/start", {"turn": 9}), EventDraft("user/message", user("u9", "hi"), "append")])
+
+
+async def test_the_actor_keeps_serving_and_a_second_compaction_is_busy() -> None:
+    async with open_store() as store:
+        s = await store.create("s")
+        seqs = await conversation(s, 2, open_turn=True)
+        slow = Summaries()
+        slow.gate = trio.Event()
+        async with trio.open_nursery() as n:
+            results: list[Any] = []
+
+            async def compact() -> None:
+                try:
+                    results.append(await s.compact_region(seqs[0], seqs[1], summarizer=slow))
+                except SurfaceChangedError as exc:
+                    results.append(exc)
+
+            n.start_soon(compact)
+            await slow.started.wait()
+            # The actor serves appends and reads while the summary is being written.
+            await s.append("request/header", {"header": {"config": {"provider": "p", "model": "m"}}, "reason": "initial"})
+            assert len(await s.derive_messages()) == 5
+            with pytest.raises(CompactionBusyError, match="compaction already in progress"):
+                await s.compact_region(seqs[0], seqs[1], summarizer=Summaries())
+            slow.gate.set()
+        # A log-only append does not change the surface: the commit went through.
+        assert not isinstance(results[0], Exception)
+        assert [t for t, _ in bracket(s)] == ["compaction/start", "compaction/summary", "compaction/end"]
+
+
+async def test_a_surface_append_during_the_summary_fails_stability_and_closes_the_bracket() -> None:
+    async with open_store() as store:
+        s = await store.create("s")
+        seqs = await conversation(s, 2, open_turn=True)
+        slow = Summaries()
+        slow.gate = trio.Event()
+        async with trio.open_nursery() as n:
+            errors: list[BaseException] = []
+
+            async def compact() -> None:
+                try:
+                    await s.compact_region(seqs[0], seqs[1], summarizer=slow)
+                except SurfaceChangedError as exc:
+                    errors.append(exc)
+
+            n.start_soon(compact)
+            await slow.started.wait()
+            await s.append("user/message", user("late", "more"), surface_op="append")
+            slow.gate.set()
+        assert str(errors[0]) == "compaction: session surface changed during summarization"
+        (_, start), (_, end) = bracket(s)
+        assert end == {**start, "error": "compaction: session surface changed during summarization"}
+        assert s.surface()[:2] == tuple(seqs[:2])  # nothing was replaced
+
+
+async def test_a_manual_run_keeps_appends_outside_its_span() -> None:
+    async with open_store() as store:
+        s = await store.create("s")
+        seqs = await conversation(s, 2, open_turn=False)
+        slow = Summaries()
+        slow.gate = trio.Event()
+        async with trio.open_nursery() as n:
+            results: list[Any] = []
+
+            async def compact() -> None:
+                results.append(await s.compact_region(seqs[0], seqs[1], summarizer=slow, manual=True))
+
+            n.start_soon(compact)
+            await slow.started.wait()
+            late = await s.append("user/message", user("late", "more"), surface_op="append")
+            slow.gate.set()
+        start = next(e for e in s.events if e.type == "compaction/start")
+        assert thaw(start.data)["turn"] is None
+        checkpoint = s.events[results[0].end_seq - 1]
+        assert s.surface() == (checkpoint.seq, seqs[2], seqs[3], late.seq)
+
+
+async def test_summary_failures_are_raw_when_automatic_and_classified_when_manual() -> None:
+    async with open_store() as store:
+        s = await store.create("s")
+        seqs = await conversation(s, 2, open_turn=False)
+        boom = Summaries(fail=ValueError("model exploded"))
+        with pytest.raises(CompactionSummaryFailedError) as info:
+            await s.compact_region(seqs[0], seqs[3], summarizer=boom, manual=True)
+        assert info.value.kind == "summary" and isinstance(info.value.__cause__, ValueError)
+        assert bracket(s)[-1][1]["error"] == "model exploded"
+        await conversation_turn_open(s)
+        with pytest.raises(ValueError):
+            await s.compact_region(seqs[0], seqs[3], summarizer=boom)
+        with pytest.raises(SummaryNotSmallerError):
+            await s.compact_region(seqs[0], seqs[0], summarizer=Summaries("x" * 20_000))
+        # Every start got its end; the surface never changed.
+        types = [t for t, _ in bracket(s)]
+        assert types.count("compaction/start") == types.count("compaction/end") == 3
+        assert s.surface()[:4] == tuple(seqs[:4])
+
+
+async def test_a_cancelled_caller_gets_cancelled_after_the_bracket_closed() -> None:
+    async with open_store() as store:
+        s = await store.create("s")
+        seqs = await conversation(s, 2, open_turn=True)
+        slow = Summaries()
+        slow.gate = trio.Event()  # never set
+        with trio.move_on_after(0.05) as scope:
+            await s.compact_region(seqs[0], seqs[1], summarizer=slow)
+        assert scope.cancelled_caught
+        (_, start), (_, end) = bracket(s)
+        assert end["compactionId"] == start["compactionId"] and "cancelled" in end["error"]
+        # The lock is free again.
+        await s.compact_region(seqs[0], seqs[1], summarizer=Summaries())
+
+
+async def test_the_actor_stopping_mid_summary_closes_the_bracket(tmp_path: Path) -> None:
+    async with open_store() as store, open_persistence(store, JsonlBackend(tmp_path)) as p:
+        s = await store.create("s")
+        seqs = await conversation(s, 2, open_turn=True)
+        slow = Summaries()
+        slow.gate = trio.Event()
+        async with trio.open_nursery() as n:
+            errors: list[BaseException] = []
+
+            async def compact() -> None:
+                try:
+                    await s.compact_region(seqs[0], seqs[1], summarizer=slow)
+                except SessionNotLiveError as exc:
+                    errors.append(exc)
+
+            n.start_soon(compact)
+            await slow.started.wait()
+            await store.detach(s)
+        assert errors and "stopped during compaction" in str(errors[0])
+        await p.wait_retired("s")
+    # The error end reached the disk: no live lock is left behind.
+    records = JsonlBackend(tmp_path).load("s").records
+    ends = [r for r in records if r["type"] == "compaction/end"]
+    assert len(ends) == 1 and "stopped during compaction" in ends[0]["data"]["error"]
+
+
+async def test_a_start_left_by_an_earlier_lifecycle_is_stale(tmp_path: Path) -> None:
+    async with open_store() as store, open_persistence(store, JsonlBackend(tmp_path)) as p:
+        s = await store.create("s")
+        seqs = await conversation(s, 2, open_turn=False)
+        # A crash between start and end: the start is on disk, the end never came.
+        await s.append("compaction/start", {"compactionId": "c-old", "turn": None})
+        await s.flush()
+        await store.detach(s)
+        await p.wait_retired("s")
+        prep = await p.prepare("s")
+        h = await p.publish(prep)  # the restored log ends with session/end-seed
+        result = await h.compact_region(seqs[0], seqs[3], summarizer=Summaries(), manual=True, flush=True)
+        assert result.end_seq == h.seq - 1
+
+
+async def test_a_manual_span_rewritten_during_the_summary_is_changed() -> None:
+    from harness.session import ReplaceOp
+
+    async with open_store() as store:
+        s = await store.create("s")
+        seqs = await conversation(s, 2, open_turn=False)
+        slow = Summaries()
+        slow.gate = trio.Event()
+        async with trio.open_nursery() as n:
+            errors: list[BaseException] = []
+
+            async def compact() -> None:
+                try:
+                    await s.compact_region(seqs[0], seqs[1], summarizer=slow, manual=True)
+                except CompactionChangedError as exc:
+                    errors.append(exc)
+
+            n.start_soon(compact)
+            await slow.started.wait()
+            await s.append("user/message", user("x", "replaced"), surface_op=ReplaceOp(seqs[0], seqs[1]), source_event_seqs=seqs[:2])
+            slow.gate.set()
+        assert errors and errors[0].kind == "changed"
+        assert str(errors[0].__cause__) == "compaction: the selected span is no longer a valid replacement target"
+
+
+async def test_a_crashed_session_actor_never_leaves_a_compaction_caller_waiting() -> None:
+    async with open_store() as store:
+        s = await store.create("s")
+        seqs = await conversation(s, 2, open_turn=True)
+        slow = Summaries()
+        slow.gate = trio.Event()
+        async with trio.open_nursery() as n:
+            errors: list[BaseException] = []
+
+            async def compact() -> None:
+                try:
+                    await s.compact_region(seqs[0], seqs[1], summarizer=slow)
+                except SessionNotLiveError as exc:
+                    errors.append(exc)
+
+            n.start_soon(compact)
+            await slow.started.wait()
+            assert s._entry.ref is not None
+            with pytest.raises(TypeError):
+                await s._entry.ref.call(object())  # a bug crashes the session actor
+        assert errors and "ended during compaction" in str(errors[0])
