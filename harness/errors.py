@@ -323,6 +323,13 @@ class EmptySummaryError(SummaryError):
     code = "COMPACTION_EMPTY_SUMMARY"
 
 
+class SummaryCancelledError(SummaryError):
+    """The summarizer was cancelled (its caller left); the bracket closed with this as
+    its error. A caller that cancelled gets ``trio.Cancelled``, not this."""
+
+    code = "COMPACTION_SUMMARY_CANCELLED"
+
+
 class SummaryNotSmallerError(SummaryError):
     """The framed checkpoint would not be smaller than what it shadows (§5.3)."""
 
@@ -426,6 +433,7 @@ __all__ = [
     "CompactionPersistenceError",
     "CompactionSummaryFailedError",
     "EmptySummaryError",
+    "SummaryCancelledError",
     "EventError",
     "FlushError",
     "ForkChildExistsError",

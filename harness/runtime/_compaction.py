@@ -16,9 +16,9 @@ import trio
 from harness.compaction import SummarizationInput, SummaryOutput, check_shrink
 from harness.compaction._transaction import CompactionResult, Transaction, framed_checkpoint
 from harness.errors import (
-    HarnessError,
     ManualCompactionError,
     SessionNotLiveError,
+    SummaryCancelledError,
     SurfaceChangedError,
 )
 
@@ -26,12 +26,6 @@ Summarizer = Callable[[SummarizationInput], Awaitable[SummaryOutput]]
 
 #: Seconds a cancelled caller waits (shielded) for the bracket to close.
 CLOSE_GRACE: Final = 30.0
-
-
-class Cancelled(HarnessError):
-    """The summarizer was cancelled (the caller left, or the actor stopped)."""
-
-    code = "COMPACTION_CANCELLED"
 
 
 class CompactionTicket:
@@ -76,7 +70,7 @@ async def run_summarizer(
     """The child task's work: summarize, frame, shrink-check. Never raises an
     ``Exception``: the failure is returned for the actor to record in the bracket.
 
-    Cancellation: ``ticket.cancel`` ends it with a :class:`Cancelled` failure; the
+    Cancellation: ``ticket.cancel`` ends it with a :class:`SummaryCancelledError` failure; the
     actor's own stop cancels it with ``trio.Cancelled`` (propagated)."""
     assert txn.input is not None
     output: SummaryOutput | None = None
@@ -90,7 +84,7 @@ async def run_summarizer(
         except Exception as exc:
             failure = exc
     if ticket._scope.cancelled_caught and failure is None and framed is None:
-        failure = Cancelled(f"compaction {txn.compaction_id} cancelled: {ticket.cancel_reason}")
+        failure = SummaryCancelledError(f"compaction {txn.compaction_id} cancelled: {ticket.cancel_reason}")
     return output, framed, failure
 
 
@@ -109,7 +103,7 @@ def outcome(ticket: CompactionTicket, *, manual: bool, session_id: str) -> Compa
         kind = "commit"
     elif isinstance(error, SurfaceChangedError):
         kind = "changed"
-    elif isinstance(error, Cancelled):
+    elif isinstance(error, SummaryCancelledError):
         kind = "cancelled"
     elif isinstance(error, SessionNotLiveError):
         kind = "commit"
