@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -78,6 +80,35 @@ def bracket(s: SessionHandle) -> list[tuple[str, Any]]:
     return [(e.type, thaw(e.data)) for e in s.events if e.type.startswith("compaction/")]
 
 
+async def compact_while(
+    s: SessionHandle,
+    start: int,
+    end: int,
+    during: Callable[[], Awaitable[object]],
+    *,
+    catch: tuple[type[BaseException], ...] = (),
+    **options: Any,
+) -> Any:
+    """Run ``compact_region`` with a summarizer held at its gate, run ``during`` while
+    it is held, release it; return the result, or the exception of a type in ``catch``."""
+    slow = Summaries()
+    slow.gate = trio.Event()
+    results: list[Any] = []
+    async with trio.open_nursery() as n:
+
+        async def compact() -> None:
+            try:
+                results.append(await s.compact_region(start, end, summarizer=slow, **options))
+            except catch as exc:
+                results.append(exc)
+
+        n.start_soon(compact)
+        await slow.started.wait()
+        await during()
+        slow.gate.set()
+    return results[0]
+
+
 async def test_an_automatic_compaction_commits_summary_checkpoint_and_end() -> None:
     async with open_store() as store:
         s = await store.create("s")
@@ -133,27 +164,16 @@ async def test_the_actor_keeps_serving_and_a_second_compaction_is_busy() -> None
     async with open_store() as store:
         s = await store.create("s")
         seqs = await conversation(s, 2, open_turn=True)
-        slow = Summaries()
-        slow.gate = trio.Event()
-        async with trio.open_nursery() as n:
-            results: list[Any] = []
 
-            async def compact() -> None:
-                try:
-                    results.append(await s.compact_region(seqs[0], seqs[1], summarizer=slow))
-                except SurfaceChangedError as exc:
-                    results.append(exc)
-
-            n.start_soon(compact)
-            await slow.started.wait()
+        async def meanwhile() -> None:
             # The actor serves appends and reads while the summary is being written.
             await s.append("request/header", {"header": {"config": {"provider": "p", "model": "m"}}, "reason": "initial"})
             assert len(await s.derive_messages()) == 5
             with pytest.raises(CompactionBusyError, match="compaction already in progress"):
                 await s.compact_region(seqs[0], seqs[1], summarizer=Summaries())
-            slow.gate.set()
+
+        await compact_while(s, seqs[0], seqs[1], meanwhile)
         # A log-only append does not change the surface: the commit went through.
-        assert not isinstance(results[0], Exception)
         assert [t for t, _ in bracket(s)] == ["compaction/start", "compaction/summary", "compaction/end"]
 
 
@@ -161,22 +181,10 @@ async def test_a_surface_append_during_the_summary_fails_stability_and_closes_th
     async with open_store() as store:
         s = await store.create("s")
         seqs = await conversation(s, 2, open_turn=True)
-        slow = Summaries()
-        slow.gate = trio.Event()
-        async with trio.open_nursery() as n:
-            errors: list[BaseException] = []
-
-            async def compact() -> None:
-                try:
-                    await s.compact_region(seqs[0], seqs[1], summarizer=slow)
-                except SurfaceChangedError as exc:
-                    errors.append(exc)
-
-            n.start_soon(compact)
-            await slow.started.wait()
-            await s.append("user/message", user("late", "more"), surface_op="append")
-            slow.gate.set()
-        assert str(errors[0]) == "compaction: session surface changed during summarization"
+        error = await compact_while(
+            s, seqs[0], seqs[1], partial(s.append, "user/message", user("late", "more"), surface_op="append"), catch=(SurfaceChangedError,)
+        )
+        assert str(error) == "compaction: session surface changed during summarization"
         (_, start), (_, end) = bracket(s)
         assert end == {**start, "error": "compaction: session surface changed during summarization"}
         assert s.surface()[:2] == tuple(seqs[:2])  # nothing was replaced
@@ -186,22 +194,16 @@ async def test_a_manual_run_keeps_appends_outside_its_span() -> None:
     async with open_store() as store:
         s = await store.create("s")
         seqs = await conversation(s, 2, open_turn=False)
-        slow = Summaries()
-        slow.gate = trio.Event()
-        async with trio.open_nursery() as n:
-            results: list[Any] = []
+        late: list[Any] = []
 
-            async def compact() -> None:
-                results.append(await s.compact_region(seqs[0], seqs[1], summarizer=slow, manual=True))
+        async def append_late() -> None:
+            late.append(await s.append("user/message", user("late", "more"), surface_op="append"))
 
-            n.start_soon(compact)
-            await slow.started.wait()
-            late = await s.append("user/message", user("late", "more"), surface_op="append")
-            slow.gate.set()
+        result = await compact_while(s, seqs[0], seqs[1], append_late, manual=True)
         start = next(e for e in s.events if e.type == "compaction/start")
         assert thaw(start.data)["turn"] is None
-        checkpoint = s.events[results[0].end_seq - 1]
-        assert s.surface() == (checkpoint.seq, seqs[2], seqs[3], late.seq)
+        checkpoint = s.events[result.end_seq - 1]
+        assert s.surface() == (checkpoint.seq, seqs[2], seqs[3], late[0].seq)
 
 
 async def test_summary_failures_are_raw_when_automatic_and_classified_when_manual() -> None:
@@ -243,21 +245,8 @@ async def test_the_actor_stopping_mid_summary_closes_the_bracket(tmp_path: Path)
     async with open_store() as store, open_persistence(store, JsonlBackend(tmp_path)) as p:
         s = await store.create("s")
         seqs = await conversation(s, 2, open_turn=True)
-        slow = Summaries()
-        slow.gate = trio.Event()
-        async with trio.open_nursery() as n:
-            errors: list[BaseException] = []
-
-            async def compact() -> None:
-                try:
-                    await s.compact_region(seqs[0], seqs[1], summarizer=slow)
-                except SessionNotLiveError as exc:
-                    errors.append(exc)
-
-            n.start_soon(compact)
-            await slow.started.wait()
-            await store.detach(s)
-        assert errors and "stopped during compaction" in str(errors[0])
+        error = await compact_while(s, seqs[0], seqs[1], partial(store.detach, s), catch=(SessionNotLiveError,))
+        assert "stopped during compaction" in str(error)
         await p.wait_retired("s")
     # The error end reached the disk: no live lock is left behind.
     records = JsonlBackend(tmp_path).load("s").records
@@ -286,43 +275,21 @@ async def test_a_manual_span_rewritten_during_the_summary_is_changed() -> None:
     async with open_store() as store:
         s = await store.create("s")
         seqs = await conversation(s, 2, open_turn=False)
-        slow = Summaries()
-        slow.gate = trio.Event()
-        async with trio.open_nursery() as n:
-            errors: list[BaseException] = []
-
-            async def compact() -> None:
-                try:
-                    await s.compact_region(seqs[0], seqs[1], summarizer=slow, manual=True)
-                except CompactionChangedError as exc:
-                    errors.append(exc)
-
-            n.start_soon(compact)
-            await slow.started.wait()
-            await s.append("user/message", user("x", "replaced"), surface_op=ReplaceOp(seqs[0], seqs[1]), source_event_seqs=seqs[:2])
-            slow.gate.set()
-        assert errors and errors[0].kind == "changed"
-        assert str(errors[0].__cause__) == "compaction: the selected span is no longer a valid replacement target"
+        rewrite = partial(s.append, "user/message", user("x", "replaced"), surface_op=ReplaceOp(seqs[0], seqs[1]), source_event_seqs=seqs[:2])
+        error = await compact_while(s, seqs[0], seqs[1], rewrite, catch=(CompactionChangedError,), manual=True)
+        assert error.kind == "changed"
+        assert str(error.__cause__) == "compaction: the selected span is no longer a valid replacement target"
 
 
 async def test_a_crashed_session_actor_never_leaves_a_compaction_caller_waiting() -> None:
     async with open_store() as store:
         s = await store.create("s")
         seqs = await conversation(s, 2, open_turn=True)
-        slow = Summaries()
-        slow.gate = trio.Event()
-        async with trio.open_nursery() as n:
-            errors: list[BaseException] = []
 
-            async def compact() -> None:
-                try:
-                    await s.compact_region(seqs[0], seqs[1], summarizer=slow)
-                except SessionNotLiveError as exc:
-                    errors.append(exc)
-
-            n.start_soon(compact)
-            await slow.started.wait()
+        async def crash() -> None:
             assert s._entry.ref is not None
             with pytest.raises(TypeError):
                 await s._entry.ref.call(object())  # a bug crashes the session actor
-        assert errors and "ended during compaction" in str(errors[0])
+
+        error = await compact_while(s, seqs[0], seqs[1], crash, catch=(SessionNotLiveError,))
+        assert "ended during compaction" in str(error)
