@@ -75,11 +75,6 @@ class Transaction:
     surface_nodes: tuple[NodeTokens, ...] = ()  # the whole surface as prepared
     span_nodes: tuple[NodeTokens, ...] = ()
     input: SummarizationInput | None = None
-    closed: bool = False
-
-    @property
-    def manual(self) -> bool:
-        return self.turn is None
 
 
 def validate_region(session: Session, start: int, end: int) -> None:

@@ -43,10 +43,6 @@ class CompactionTicket:
         self.stage = "summary"
         self.cancel_reason: object = None
 
-    @property
-    def done(self) -> bool:
-        return self._done.is_set()
-
     async def wait(self) -> None:
         """Wait until the bracket is closed. Cancellation: only the wait."""
         await self._done.wait()
