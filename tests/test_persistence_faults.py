@@ -687,6 +687,16 @@ async def test_a_write_wedged_while_taking_the_lock_still_releases_it(tmp_path: 
     assert not backend.lock_held(header)
 
 
+async def stored_then_prepared(store: Any, p: Any) -> Any:
+    """Session "a" (cwd /w) written, detached, retired, then prepared again."""
+    s = await store.create("a", cwd="/w")
+    await s.append("feedback/record", {})
+    await s.flush()
+    await store.detach(s)
+    await p.wait_retired("a")
+    return await p.prepare("a")
+
+
 async def test_publish_reconciles_an_enter_whose_reply_was_lost(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from actors import ReplyOverdueError
     from harness.runtime._store import Store
@@ -694,12 +704,7 @@ async def test_publish_reconciles_an_enter_whose_reply_was_lost(tmp_path: Path, 
     backend = JsonlBackend(tmp_path)
     header = {"id": "a", "cwd": "/w"}
     async with open_store() as store, open_persistence(store, backend) as p:
-        s = await store.create("a", cwd="/w")
-        await s.append("feedback/record", {})
-        await s.flush()
-        await store.detach(s)
-        await p.wait_retired("a")
-        prep = await p.prepare("a")
+        prep = await stored_then_prepared(store, p)
         original = Store.enter
 
         async def overdue_enter(self: Store, prepared: Any) -> Any:
@@ -752,12 +757,7 @@ async def test_publish_on_a_closed_store_still_disposes_the_preparation(tmp_path
     backend = JsonlBackend(tmp_path)
     header = {"id": "a", "cwd": "/w"}
     async with open_store() as store, open_persistence(store, backend) as p:
-        s = await store.create("a", cwd="/w")
-        await s.append("feedback/record", {})
-        await s.flush()
-        await store.detach(s)
-        await p.wait_retired("a")
-        prep = await p.prepare("a")
+        prep = await stored_then_prepared(store, p)
         await store.aclose()
         with pytest.raises(HarnessError):
             await p.publish(prep)
