@@ -61,7 +61,17 @@ async def test_turn_with_tool_calls_completes() -> None:
         result = await agent.run_turn("please add")
         assert result.kind == "completed" and result.turn == 1
         t = types(s)
-        assert t[:5] == ["turn/start", "user/message", "step/start", "request/header", "request/context"]
+        # The reference's exact opening (persistence §6): the prompt is recorded by the
+        # inbox, claimed after turn/start, and reaches the surface after step/start.
+        assert t[:7] == [
+            "agent/inbox/spliced",
+            "turn/start",
+            "agent/inbox/spliced",
+            "step/start",
+            "user/message",
+            "request/header",
+            "request/context",
+        ]
         assert t.count("tool/call") == 2 and t.count("tool/result") == 2 and t[-1] == "turn/end"
         results = [thaw(e.data) for e in s.events if e.type == "tool/result"]
         by_call = {r["message"]["source"]["callId"]: r for r in results}

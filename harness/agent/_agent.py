@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import logging
 import uuid
-from typing import Any, Literal
+from collections.abc import Awaitable, Callable
+from typing import Any, Literal, TypeVar, cast
 
 import attrs
 import orjson
 import trio
 
 from actors import ActorError
+from harness.agent._hooks import AgentHooks, RequestErrorContext, Retry, Status, StepContext
+from harness.agent._inbox import TARGETS, Inbox, Target, splice_draft
 from harness.agent._tools import ToolSet
 from harness.errors import HarnessError
 from harness.persistence import CheckpointPolicy
@@ -27,11 +30,14 @@ from harness.providers import (
     next_chunk,
 )
 from harness.runtime import SessionHandle
-from harness.session import EventDraft, freeze, header_equals, thaw
+from harness.session import EventDraft, FrozenDict, freeze, header_equals, thaw
 
 log = logging.getLogger("harness.agent")
 
 AbortKind = Literal["user", "parent", "disposed"]
+Phase = Literal["idle", "turn", "maintenance"]
+Delivery = Literal["follow-up", "steer", "inject"]
+T = TypeVar("T")
 
 
 class AgentBusyError(HarnessError):
@@ -40,6 +46,17 @@ class AgentBusyError(HarnessError):
 
 class AgentDisposedError(HarnessError):
     code = "AGENT_DISPOSED"
+
+
+class AgentCancelledError(HarnessError):
+    """:meth:`Agent.cancel` cancelled a maintenance task; ``cause`` is the cancel
+    record (``{"kind": "user" | "parent" | "disposed"}``)."""
+
+    code = "AGENT_CANCELLED"
+
+    def __init__(self, message: str, cause: dict[str, Any], *, session_id: str | None = None) -> None:
+        super().__init__(message, session_id=session_id)
+        self.cause = cause
 
 
 @attrs.frozen
@@ -66,15 +83,29 @@ class _Step:
         self.streaming = False
         self.calls: list[dict[str, Any]] = []  # {id, name, arguments}
 
+    def reset_attempt(self) -> None:
+        """Forget a failed request's stream (before a retry in the same step)."""
+        self.chunk_seqs = []
+        self.texts = {}
+        self.reasoning = {}
+        self.usage = None
+        self.calls = []
+
 
 class Agent:
-    """Runs turns on one live session. One turn at a time.
+    """Runs turns on one live session. One turn (or one maintenance task) at a time.
 
     Every turn it starts ends with a ``turn/end`` while the process lives: completed,
     ``max-tokens``, ``error`` (a provider failure), or ``aborted`` with the first
     cause given to :meth:`cancel` (``user``, ``parent``, ``disposed``). An aborted step
     is closed the way the reference closes it (visible text kept as an interrupted
     message, unanswered tool calls answered with abort errors).
+
+    Work arrives two ways: :meth:`run_turn` runs one prompt in the caller's task, and
+    :meth:`send` queues a message in the durable inbox; a waking send starts the
+    agent's *driver* in ``nursery`` (the agent loop's), which runs turns while queued
+    work remains. :meth:`run_maintenance` runs a task (manual compaction) while the
+    agent is idle; sends that arrive meanwhile wait for it.
     """
 
     def __init__(
@@ -89,6 +120,8 @@ class Agent:
         tool_concurrency: int = 4,
         chunk_batch: int = 32,
         close_grace: float = 10.0,
+        hooks: AgentHooks | None = None,
+        nursery: trio.Nursery | None = None,
     ) -> None:
         if max_tokens is not None and (type(max_tokens) is not int or max_tokens <= 0):
             raise ValueError("agent max_tokens must be a positive integer")
@@ -98,17 +131,25 @@ class Agent:
         self.system = system
         self.max_tokens = max_tokens
         self.checkpoint = checkpoint
+        self.hooks = hooks or AgentHooks()
+        self._nursery = nursery
         self._limiter = trio.CapacityLimiter(tool_concurrency)
         self._chunk_batch = chunk_batch
         self.close_grace = close_grace
         self._scope: trio.CancelScope | None = None
         self._cause: dict[str, Any] | None = None
+        self._phase: Phase = "idle"
         self._idle = trio.Event()
         self._idle.set()
         self._requests = 0
         self._turn_task: trio.lowlevel.Task | None = None
         self.disposed = False
         self._last_turn = session.last_turn()
+        # The inbox survives a resume: it is folded back from its splice records.
+        self._inbox = Inbox.rebuild(session.events)
+        self._inbox_lock = trio.Lock()
+        self._driver: trio.Event | None = None  # set when the running driver exits
+        self._parked = False  # a cancel parks queued work until the next waking send
 
     @property
     def id(self) -> str:
@@ -116,19 +157,38 @@ class Agent:
 
     @property
     def busy(self) -> bool:
+        """A turn or a maintenance task is running."""
         return not self._idle.is_set()
 
+    @property
+    def phase(self) -> Phase:
+        """``idle``, ``turn`` or ``maintenance``."""
+        return self._phase
+
+    @property
+    def status(self) -> Status:
+        """``running`` during a turn; ``idle`` otherwise (maintenance reads ``idle``)."""
+        return "running" if self._phase == "turn" else "idle"
+
+    @property
+    def inbox(self) -> dict[str, tuple[FrozenDict, ...]]:
+        """The queued messages, per target (a snapshot)."""
+        return {t: tuple(cast(FrozenDict, freeze(m)) for m in q) for t, q in self._inbox.queues.items()}
+
     def cancel(self, kind: AbortKind = "user") -> None:
-        """Abort the running turn (no-op when idle). The first cause wins."""
+        """Abort the running turn or maintenance task (no-op when idle). The first
+        cause wins. Queued inbox work is parked (kept, not started) until the next
+        waking :meth:`send`; :meth:`clear_inbox` drops it."""
         if self._scope is None:
             return
         if self._cause is None:
             self._cause = {"kind": kind}
+        self._parked = True
         self._scope.cancel()
 
     def in_turn(self) -> bool:
-        """Whether the current task is the running turn or one of its children
-        (e.g. a tool body)."""
+        """Whether the current task is the running turn (or maintenance task) or one
+        of its children (e.g. a tool body)."""
         turn_task = self._turn_task
         if turn_task is None:
             return False
@@ -141,55 +201,249 @@ class Agent:
         return False
 
     async def wait_idle(self) -> None:
-        """Return once no turn is running (always settles).
+        """Return once no turn, maintenance task or driver is running (always settles:
+        it waits again if the driver started the next queued turn meanwhile).
 
         Cancellation: only the wait is cancelled; the turn goes on.
         """
-        await self._idle.wait()
+        while True:
+            await self._idle.wait()
+            driver = self._driver
+            if driver is None:
+                if self._idle.is_set():
+                    return
+                continue
+            await driver.wait()
+
+    # -- the inbox -----------------------------------------------------------------------
+
+    async def send(self, text: str, *, delivery: Delivery = "follow-up") -> str:
+        """Queue a user message; return its id (the id of its ``user/message``).
+
+        ``follow-up``: a prompt of its own, run as the next turn (FIFO). ``steer``:
+        delivered at the next step of the running turn (a turn about to complete runs
+        one more step for it), or starts a turn when idle. ``inject``: delivered at the
+        next step of whatever turn runs next; it does not wake the agent. The first two
+        wake an idle agent: its driver runs turns (in the loop's nursery) while queued
+        work remains; during maintenance they wait until it ends.
+
+        The queue change is one durable ``agent/inbox/spliced`` record.
+
+        Cancellation: cancelled before the record was appended, nothing is queued.
+        """
+        if self.disposed:
+            raise AgentDisposedError(f'agent "{self.id}" is disposed', session_id=self.id)
+        if delivery not in ("follow-up", "steer", "inject"):
+            raise ValueError(f'agent send delivery must be "follow-up", "steer" or "inject", got {delivery!r}')
+        message = _user_message(text)
+        target: Target = "next-turn" if delivery == "follow-up" else "next-step"
+        async with self._inbox_lock:
+            queue = self._inbox.queues[target]
+            await self.session.append(*_as_append(splice_draft(target, len(queue), 0, [message])))
+            self._inbox.apply(target, len(queue), 0, [message])
+            if delivery == "steer":
+                self._inbox.waking.add(message["id"])
+        if delivery != "inject":
+            self._parked = False
+            self._wake()
+        return str(message["id"])
+
+    async def clear_inbox(self) -> int:
+        """Drop every queued message (one ``agent/inbox/spliced {outcome: canceled}``
+        record per non-empty target); return how many were dropped.
+
+        Cancellation: the kernel's call contract per record (a target whose record was
+        not appended keeps its messages).
+        """
+        dropped = 0
+        async with self._inbox_lock:
+            for target in TARGETS:
+                queue = self._inbox.queues[target]
+                if queue:
+                    n = len(queue)
+                    await self.session.append(*_as_append(splice_draft(target, 0, n, [], outcome="canceled")))
+                    self._inbox.apply(target, 0, n, [])
+                    dropped += n
+        return dropped
+
+    async def run_queued(self) -> list[TurnResult]:
+        """Run turns while queued work would wake the agent; return their results.
+
+        This is the driver's body; call it directly on an agent without a nursery.
+        Stops early when the agent is cancelled (the rest stays queued) or disposed.
+
+        Cancellation: as :meth:`run_turn`, for the turn running when it comes.
+        """
+        results: list[TurnResult] = []
+        self._parked = False
+        while self._inbox.wakes() and not self.disposed and not self._parked:
+            results.append(await self._run(None))
+        return results
+
+    def _wake(self) -> None:
+        if self._phase != "idle" or self._driver is not None or self.disposed or self._nursery is None:
+            return  # a running turn or maintenance picks the work up when it ends
+        if not self._inbox.wakes():
+            return
+        done = self._driver = trio.Event()
+        try:
+            self._nursery.start_soon(self._drive, done, name=f"agent driver {self.id}")
+        except RuntimeError:  # the loop's nursery is closed: nothing can run turns
+            self._driver = None
+            done.set()
+
+    async def _drive(self, done: trio.Event) -> None:
+        try:
+            await self.run_queued()
+        except (HarnessError, ActorError) as exc:
+            # The session went away under the queued work: it stays in the log.
+            log.warning('agent "%s": queued work stopped: %s', self.id, exc)
+        finally:
+            self._driver = None
+            done.set()
+
+    # -- maintenance ---------------------------------------------------------------------
+
+    async def run_maintenance(self, task: Callable[[], Awaitable[T]]) -> T:
+        """Run ``task`` while the agent is idle (the ``maintenance`` phase; status
+        still reads ``idle``). Turns cannot start meanwhile; waking sends are queued
+        and start the driver when it ends.
+
+        Raises :class:`AgentBusyError` at once (before any checkpoint) when a turn,
+        another maintenance task or the driver is running, and
+        :class:`AgentDisposedError` when disposed.
+
+        Cancellation: :meth:`cancel` cancels the task (it sees ``trio.Cancelled``)
+        and this raises :class:`AgentCancelledError` carrying the cause; cancelling
+        the caller propagates ``Cancelled`` as usual.
+        """
+        if self.disposed:
+            raise AgentDisposedError(f'agent "{self.id}" is disposed', session_id=self.id)
+        if self._phase != "idle" or self._driver is not None:
+            raise AgentBusyError(
+                f'agent "{self.id}" is not idle (a turn, maintenance or queued work is running)', session_id=self.id
+            )
+        self._phase = "maintenance"
+        self._idle = trio.Event()
+        self._cause = None
+        self._turn_task = trio.lowlevel.current_task()
+        try:
+            with trio.CancelScope() as scope:
+                self._scope = scope
+                result = await task()
+            if scope.cancelled_caught:
+                cause = self._cause or {"kind": "user"}
+                raise AgentCancelledError(
+                    f'agent "{self.id}" maintenance was cancelled ({cause["kind"]})', cause, session_id=self.id
+                )
+            return result
+        finally:
+            self._scope = None
+            self._turn_task = None
+            self._phase = "idle"
+            self._idle.set()
+            if not self._parked:
+                self._wake()
 
     # -- a turn ------------------------------------------------------------------------
 
     async def run_turn(self, text: str) -> TurnResult:
         """Run one turn for a user message; return how it ended.
 
+        The prompt goes through the inbox like any message (``agent/inbox/spliced``
+        inserting it, ``turn/start``, the claim), then runs now, ahead of queued
+        work.
+
         Cancellation: :meth:`cancel` ends the turn as ``aborted`` and this returns the
         result. If the *caller* is cancelled, the turn is recorded as aborted (cause
         ``user`` unless one was given) in a shielded cleanup, then ``Cancelled``
         propagates. Either way ``turn/end`` is in the log before this returns.
         """
+        return await self._run(_user_message(text))
+
+    async def _run(self, prompt: dict[str, Any] | None) -> TurnResult:
         if self.disposed:
             raise AgentDisposedError(f'agent "{self.id}" is disposed', session_id=self.id)
         if self.busy:
             raise AgentBusyError(f'agent "{self.id}" is already running a turn', session_id=self.id)
+        self._phase = "turn"
         self._idle = trio.Event()
         self._cause = None
         self._turn_task = trio.lowlevel.current_task()
         turn = self._last_turn + 1
         self._last_turn = turn
+        self._notify("running")
         try:
-            return await self._turn(turn, text)
+            return await self._turn(turn, prompt)
         finally:
             # Set only after turn/end is logged: whoever waits for idle (dispose) can
             # detach the session knowing the turn is closed.
             self._scope = None
             self._turn_task = None
+            self._phase = "idle"
             self._idle.set()
+            self._notify("idle")
+            if prompt is not None and not self._parked:
+                self._wake()  # work queued while a direct turn ran
 
-    async def _turn(self, turn: int, text: str) -> TurnResult:
+    def _notify(self, status: Status) -> None:
+        for listener in list(self.hooks.status):
+            try:
+                listener(self, status)
+            except Exception:
+                log.exception('agent "%s": a status listener failed', self.id)
+
+    async def _claim(self, turn: int, prompt: dict[str, Any] | None, *, first: bool) -> list[dict[str, Any]]:
+        """Claim the step's input from the inbox: on the turn's first step the prompt
+        (given, or the oldest ``next-turn`` message), then every ``next-step``
+        message. ``turn/start`` (first step) and the claim records are one batch."""
+        async with self._inbox_lock:
+            drafts: list[EventDraft] = []
+            claimed: list[dict[str, Any]] = []
+            changes: list[tuple[Target, int, int, list[dict[str, Any]]]] = []
+            if first and prompt is not None:
+                # A direct prompt is recorded like a send, and claimed at once.
+                drafts.append(splice_draft("next-turn", 0, 0, [prompt]))
+            if first:
+                drafts.append(EventDraft("turn/start", {"turn": turn}))
+            if first and prompt is not None:
+                drafts.append(splice_draft("next-turn", 0, 1, []))
+                claimed.append(prompt)
+            elif first and self._inbox.next_turn:
+                drafts.append(splice_draft("next-turn", 0, 1, []))
+                changes.append(("next-turn", 0, 1, []))
+                claimed.append(self._inbox.next_turn[0])
+            if self._inbox.next_step:
+                n = len(self._inbox.next_step)
+                drafts.append(splice_draft("next-step", 0, n, []))
+                changes.append(("next-step", 0, n, []))
+                claimed.extend(self._inbox.next_step)
+            if drafts:
+                await self.session.append_batch(drafts)
+            for change in changes:
+                self._inbox.apply(*change)
+            return claimed
+
+    async def _turn(self, turn: int, prompt: dict[str, Any] | None) -> TurnResult:
         steps: list[_Step] = []
         outcome: dict[str, Any] | None = None
+        started = False
         try:
             with trio.CancelScope() as scope:
                 self._scope = scope
-                await self.session.append_batch(
-                    [
-                        EventDraft("turn/start", {"turn": turn}),
-                        EventDraft("user/message", _user_message(text), "append"),
-                    ]
-                )
                 while outcome is None:
-                    steps.append(_Step(len(steps) + 1))
-                    outcome = await self._run_step(turn, steps[-1])
+                    first = not steps
+                    claimed = await self._claim(turn, prompt, first=first)
+                    started = True
+                    step = _Step(len(steps) + 1)
+                    for hook in list(self.hooks.pre_step):
+                        await hook(StepContext(self, turn, step.step, tuple(cast(FrozenDict, freeze(m)) for m in claimed)))
+                    if self.checkpoint is not None:
+                        await self.checkpoint.at_step_boundary(self.session)
+                    steps.append(step)
+                    outcome = await self._run_step(turn, step, claimed)
+                    if outcome is not None and outcome["kind"] == "completed" and self._inbox.steered():
+                        outcome = None  # a steer arrived: one more step for it
         except ProviderError as exc:
             outcome = {"kind": "error", "error": {"message": str(exc), "code": exc.code}}
             if exc.status is not None:
@@ -200,55 +454,75 @@ class Agent:
             # The runtime refused or failed (a flush, a session no longer live, a reply
             # whose outcome is unknown): an error of the turn, not an abort by anyone.
             outcome = {"kind": "error", "error": {"message": str(exc), "code": exc.code}}
-            await self._finish(turn, steps, outcome, committed_stream=True)
+            await self._finish(turn, steps, outcome, committed_stream=True, started=started)
             return TurnResult(turn, outcome)
         except Exception as exc:
             # A bug (ours or a hook's): the turn is still closed, as an error, and the
             # exception propagates so that it is seen.
             outcome = {"kind": "error", "error": {"message": repr(exc), "code": "INTERNAL_ERROR"}}
-            await self._finish(turn, steps, outcome, committed_stream=True)
+            await self._finish(turn, steps, outcome, committed_stream=True, started=started)
             raise
         except BaseException:
             # The caller was cancelled: the turn still ends.
             outcome = {"kind": "aborted", "reason": self._cause or {"kind": "user"}}
-            await self._finish(turn, steps, outcome, committed_stream=True)
+            await self._finish(turn, steps, outcome, committed_stream=True, started=started)
             raise
         if outcome is None:  # cancelled through self.cancel()
             outcome = {"kind": "aborted", "reason": self._cause or {"kind": "user"}}
-        await self._finish(turn, steps, outcome, committed_stream=True)
+        await self._finish(turn, steps, outcome, committed_stream=True, started=started)
         return TurnResult(turn, outcome)
 
-    async def _finish(self, turn: int, steps: list[_Step], outcome: dict[str, Any], *, committed_stream: bool) -> None:
+    async def _finish(
+        self, turn: int, steps: list[_Step], outcome: dict[str, Any], *, committed_stream: bool, started: bool = True
+    ) -> None:
         """Close the open step and log ``turn/end`` (shielded: a turn is never left
         without its end while the session is live).
 
-        If the session is no longer live, nothing can be logged: the turn is left
-        open for crash repair to close on the next load, and the error propagates.
+        If ``turn/start`` was never appended (cancelled before the first claim landed),
+        there is nothing to close. If the session is no longer live, nothing can be
+        logged: the turn is left open for crash repair to close on the next load, and
+        the error propagates.
         """
         with trio.CancelScope(shield=True):
+            if not started and not _turn_started(self.session, turn):
+                self._last_turn = turn - 1  # the number was never used
+                return
             if outcome["kind"] in ("aborted", "error") and steps:
                 await self._close_step(turn, steps[-1], committed_stream=committed_stream)
             await self.session.append("turn/end", {"turn": turn, "reason": outcome})
 
-    async def _run_step(self, turn: int, step: _Step) -> dict[str, Any] | None:
+    async def _run_step(self, turn: int, step: _Step, claimed: list[dict[str, Any]]) -> dict[str, Any] | None:
         """One step; returns the turn's end reason, or None to run another step."""
         s = self.session
-        if self.checkpoint is not None:
-            await self.checkpoint.at_step_boundary(s)
-        await s.append("step/start", {"turn": turn, "step": step.step})
-        await self._request_header()
-        request = ModelRequest(
-            session_id=s.id,
-            provider=self.provider.name,
-            model=self.provider.model,
-            messages=await s.derive_messages(),
-            tools=self.tools.specs,
-            system=self.system,
-            max_tokens=self.max_tokens,
+        await s.append_batch(
+            [EventDraft("step/start", {"turn": turn, "step": step.step})]
+            + [EventDraft("user/message", m, "append") for m in claimed]
         )
-        if self.checkpoint is not None:
-            await self.checkpoint.before_model_request(s)
-        finish = await self._stream(turn, step, request)
+        attempt = 0
+        while True:
+            attempt += 1
+            await self._request_header()
+            request = ModelRequest(
+                session_id=s.id,
+                provider=self.provider.name,
+                model=self.provider.model,
+                messages=await s.derive_messages(),
+                tools=self.tools.specs,
+                system=self.system,
+                max_tokens=self.max_tokens,
+            )
+            if self.checkpoint is not None:
+                await self.checkpoint.before_model_request(s)
+            try:
+                finish = await self._stream(turn, step, request)
+                break
+            except ProviderError as exc:
+                # The failed attempt commits nothing, even if the recovery below is
+                # cancelled (its logged chunks are log-only); a retry rebuilds the
+                # request from the surface as it is then.
+                step.reset_attempt()
+                if not await self._retry(RequestErrorContext(self, turn, step.step, exc, attempt)):
+                    raise
         content: list[dict[str, Any]] = []
         for index in sorted({*step.texts, *step.reasoning}):
             if index in step.reasoning:
@@ -267,6 +541,22 @@ class Agent:
             return None
         await s.append("step/end", {"turn": turn, "step": step.step})
         return {"kind": "max-tokens"} if finish == "length" else {"kind": "completed"}
+
+    async def _retry(self, context: RequestErrorContext) -> bool:
+        """The ``agent/request-error`` waterfall: the first hook with a decision ends
+        it; a hook that raises counts as no retry. Then the cancellation is re-checked."""
+        decision: Retry | None = None
+        for hook in list(self.hooks.request_error):
+            try:
+                decision = await hook(context)
+            except Exception:
+                log.warning('agent "%s": a request-error hook failed; no retry', self.id, exc_info=True)
+                decision = None
+                break
+            if decision is not None:
+                break
+        await trio.lowlevel.checkpoint_if_cancelled()
+        return isinstance(decision, Retry)
 
     async def _request_header(self) -> None:
         s = self.session
@@ -478,6 +768,21 @@ def _logged_in_step(s: SessionHandle, turn: int, step: int) -> tuple[bool, set[s
                 b["toolCallId"] for b in data["message"]["content"] if b.get("type") == "tool-result"
             )
     return None
+
+
+def _as_append(draft: EventDraft) -> tuple[str, Any]:
+    return draft.type, draft.data
+
+
+def _turn_started(s: SessionHandle, turn: int) -> bool:
+    """Whether ``turn/start`` of ``turn`` is the log's latest turn boundary."""
+    events = s.events
+    for i in range(len(events) - 1, -1, -1):
+        ev = events[i]
+        if ev.type in ("turn/start", "turn/end"):
+            data: Any = ev.data
+            return ev.type == "turn/start" and data["turn"] == turn
+    return False
 
 
 def _user_message(text: str) -> dict[str, Any]:

@@ -13,6 +13,8 @@ import trio
 
 from actors import Lifetime, LifetimeClosedError, Owner, bind_all, run_abandonable, run_bounded
 from harness.agent._agent import Agent
+from harness.agent._commands import Commands, install_compact_command
+from harness.agent._compaction import AgentCompaction
 from harness.agent._tools import ToolSet
 from harness.errors import HarnessError
 from harness.faults._points import FaultPoints
@@ -142,6 +144,7 @@ class AgentLoop:
         faults: FaultPoints | None,
         system: str | None,
         dispose_grace: float = 30.0,
+        compaction: AgentCompaction | None = None,
     ) -> None:
         self.store = store
         self.dispose_grace = dispose_grace
@@ -150,6 +153,11 @@ class AgentLoop:
         self.persistence = persistence
         self.checkpoint = CheckpointPolicy(store) if checkpoint else None
         self.system = system
+        self.compaction = compaction
+        # Slash commands for this loop's agents; /compact when compaction is configured.
+        self.commands = Commands()
+        if compaction is not None:
+            install_compact_command(self.commands, compaction)
         self.faults = faults or FaultPoints()
         self.teardown = Lifetime("agent loop")
         self._nursery = nursery
@@ -271,7 +279,11 @@ class AgentLoop:
             await self.faults.point("publish.session-entered")
             if session.id in self._agents:  # 2. enter agent
                 raise AgentAlreadyRegisteredError(f'agent "{session.id}" is already registered', session_id=session.id)
-            agent = Agent(entered, self.provider, self.tools, system=self.system, checkpoint=self.checkpoint)
+            agent = Agent(
+                entered, self.provider, self.tools, system=self.system, checkpoint=self.checkpoint, nursery=self._nursery
+            )
+            if self.compaction is not None:
+                self.compaction.install(agent)
             handle = AgentHandle(self, agent, entered, owner)
             self._agents[session.id] = handle
             await self.faults.point("publish.agent-entered")
@@ -353,6 +365,7 @@ async def open_agent_loop(
     checkpoint: bool = True,
     faults: FaultPoints | None = None,
     system: str | None = None,
+    compaction: AgentCompaction | None = None,
 ) -> AsyncIterator[AgentLoop]:
     """Run an agent loop for the duration of the block.
 
@@ -372,8 +385,11 @@ async def open_agent_loop(
             checkpoint=checkpoint and persistence is not None,
             faults=faults,
             system=system,
+            compaction=compaction,
         )
         try:
             yield loop
         finally:
             await loop.aclose()
+            with trio.CancelScope(shield=True):
+                await loop.commands.aclose()

@@ -13,7 +13,7 @@ rejects lone surrogates, so every astral character is one ``str`` item).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
 import attrs
@@ -21,7 +21,7 @@ import attrs
 from harness.compaction._config import js_str
 from harness.compaction._meter import estimate_message, raw
 from harness.errors import ToolResultPruneConfigError
-from harness.session import EventDraft, ReplaceOp, Session, derive_event_message, thaw
+from harness.session import Event, EventDraft, ReplaceOp, Session, derive_event_message, thaw
 
 MARKER: Final = "\n\n[... tool result middle pruned ...]\n\n"
 """Inserted once where the middle of a pruned result was dropped."""
@@ -199,7 +199,12 @@ def _prunable_block(data: object) -> tuple[dict[str, Any], list[Any]] | None:
     return block, list(inner)
 
 
-def prune_session(session: Session, config: ToolResultPruneConfig) -> PruneResult:
+def prune_session(
+    session: Session,
+    config: ToolResultPruneConfig,
+    *,
+    append: Callable[[tuple[EventDraft, ...]], Sequence[Event]] | None = None,
+) -> PruneResult:
     """Prune every over-threshold tool result on the current surface (reference §4).
 
     Candidates are the ``tool/result`` nodes of a snapshot of the surface taken on
@@ -219,7 +224,11 @@ def prune_session(session: Session, config: ToolResultPruneConfig) -> PruneResul
     No compaction bracket and no lock check (as in the reference). If the session
     rejects a pair (e.g. its validator finds no open turn), the error propagates;
     the pairs already written stay.
+
+    ``append`` writes one batch (default: ``session.append_batch``); the session actor
+    passes its own append so the pairs go through its pre-commit hooks and listeners.
     """
+    write = session.append_batch if append is None else append
     removed = 0
     pruned: list[PrunedResult] = []
     for seq in tuple(session.surface):
@@ -240,7 +249,7 @@ def prune_session(session: Session, config: ToolResultPruneConfig) -> PruneResul
             "shadowedSeqs": [seq],
             "shadowedTokenCount": estimate_message(derive_event_message(event)),
         }
-        _, replacement = session.append_batch(
+        _, replacement = write(
             (
                 EventDraft("compaction/prune", price),
                 EventDraft("tool/result", data, ReplaceOp(seq, seq), (seq,)),

@@ -5,6 +5,7 @@ It depends on nothing above the session core, so the agent loop and compaction's
 summarizer can both use it without importing each other.
 """
 
+from harness.providers._models import ModelCatalog, ModelInfo
 from harness.providers._protocol import (
     ContextWindowExceededError,
     Finish,
@@ -27,6 +28,8 @@ from harness.providers._protocol import (
 __all__ = [
     "ContextWindowExceededError",
     "Finish",
+    "ModelCatalog",
+    "ModelInfo",
     "ModelProvider",
     "ModelRequest",
     "ProviderError",

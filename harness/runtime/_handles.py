@@ -2,16 +2,27 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, final
 
 import trio
 
 from actors import ActorCrashedError, ActorRef, ActorStoppedError, run_bounded
+from harness.compaction import PruneResult, ToolResultPruneConfig
 from harness.compaction._transaction import CompactionResult, Stability
 from harness.errors import HarnessError, ManualCompactionError, SessionNotLiveError
 from harness.runtime._compaction import CLOSE_GRACE, CompactionTicket, Summarizer, outcome
-from harness.runtime._messages import Append, Barrier, CommitReplace, CompactBegin, Derive
+from harness.runtime._messages import (
+    Append,
+    Barrier,
+    CommitReplace,
+    CompactBegin,
+    Derive,
+    Measure,
+    MeasureReply,
+    Prune,
+)
 from harness.session import (
     Event,
     EventDraft,
@@ -106,6 +117,12 @@ class SessionHandle:
     @property
     def first_live_seq(self) -> int:
         return self._entry.session.first_live_seq
+
+    @property
+    def generation(self) -> int:
+        """The surface's replace generation: how many replaces have committed (no
+        actor round trip)."""
+        return self._entry.session.generation
 
     def request_header(self) -> FrozenDict | None:
         """The latest canonical ``request/header`` (no actor round trip)."""
@@ -221,6 +238,10 @@ class SessionHandle:
         except trio.Cancelled:
             ticket.cancel("caller cancelled")
             await run_bounded(ticket.wait, CLOSE_GRACE, shield=True)
+            if flush and ticket._done.is_set() and (ticket.failure is None or ticket.stage != "commit"):
+                # The reference throws the caller's reason only after close *and* flush.
+                with trio.CancelScope(shield=True), contextlib.suppress(HarnessError):
+                    await run_bounded(self.flush, CLOSE_GRACE)
             raise
         flush_error: HarnessError | None = None
         if flush and (ticket.failure is None or ticket.stage != "commit"):
@@ -235,6 +256,26 @@ class SessionHandle:
                 "persistence", "manual compaction durability checkpoint failed", cause=flush_error, session_id=self.id
             )
         return result
+
+    async def prune(self, config: ToolResultPruneConfig) -> PruneResult:
+        """Phase one of compaction (reference §4) in the session actor: one priced
+        ``compaction/prune`` + replacing ``tool/result`` batch per over-threshold tool
+        result on the surface. No bracket and no lock check. A rejected pair raises;
+        the pairs before it stay.
+
+        Cancellation: the actor kernel's contract (withdrawn before it is taken, else
+        every pair is written).
+        """
+        return await self._call(Prune(config))  # type: ignore[no-any-return]
+
+    async def measure(self, retain_tokens: int | None = None) -> MeasureReply:
+        """One atomic read for the compaction policies: ``measure`` of the session,
+        the compaction lock state and, with ``retain_tokens``, the head-anchored
+        selection (``None`` when nothing is compactable).
+
+        Cancellation: the actor kernel's contract (a read; nothing to undo).
+        """
+        return await self._call(Measure(retain_tokens))  # type: ignore[no-any-return]
 
     async def barrier(self) -> None:
         """Return once every message sent to this session before the call is handled.

@@ -50,6 +50,29 @@ class CompactFinish:
 
 
 @attrs.frozen
+class Prune:
+    """Phase one of compaction (reference §4): prune every over-threshold tool result
+    on the surface, one priced pair per result; returns the ``PruneResult``."""
+
+    config: Any  # ToolResultPruneConfig
+
+
+@attrs.frozen
+class Measure:
+    """Return ``harness.compaction.measure`` of the session, the compaction lock state
+    and, when ``retain_tokens`` is given, the head-anchored selection (one atomic read)."""
+
+    retain_tokens: int | None = None
+
+
+@attrs.frozen
+class MeasureReply:
+    measurement: Any  # harness.compaction.Measurement
+    lock: Any  # harness.compaction._transaction.LockState
+    selection: Any  # harness.compaction.CompactableRange | None
+
+
+@attrs.frozen
 class ForkPrefix:
     """Validate a fork boundary; build and return the child Session (not yet live).
 

@@ -6,12 +6,14 @@ import contextlib
 from typing import TYPE_CHECKING, Any
 
 from actors import Actor, ActorError, Rejected
+from harness.compaction import measure, prune_session, select_compactable_range
 from harness.compaction._transaction import (
     Transaction,
     begin,
     check_stable,
     commit_drafts,
     end_draft,
+    lock_state,
     prepare,
     result_of,
 )
@@ -32,6 +34,9 @@ from harness.runtime._messages import (
     CompactFinish,
     Derive,
     ForkPrefix,
+    Measure,
+    MeasureReply,
+    Prune,
 )
 from harness.session import Event, Session
 from harness.session._events import SAFE_INT_MAX
@@ -77,6 +82,16 @@ class SessionActor(Actor[Any]):
             return self._append((message.draft,))[0]
         if type(message) is Barrier:
             return None
+        if type(message) is Measure:
+            measurement = measure(self.session)
+            selection = (
+                None
+                if message.retain_tokens is None
+                else select_compactable_range(self.session, measurement, message.retain_tokens)
+            )
+            return MeasureReply(measurement, lock_state(self.session), selection)
+        if type(message) is Prune:
+            return prune_session(self.session, message.config, append=self._append)
         if type(message) is CompactBegin:
             return self._compact_begin(message)
         if type(message) is CompactFinish:

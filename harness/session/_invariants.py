@@ -1,22 +1,47 @@
-"""The relational invariants (reference §11) as an optional pre-commit validator."""
+"""The relational invariants (reference §11) as an optional pre-commit validator.
+
+It also carries the compaction companion's rules (compaction reference §1.5) and its
+seed-replay rules (§1.4): one bracket ``compaction/start`` → ``compaction/summary`` →
+checkpoint ``user/message`` → ``compaction/end`` at a time, on one side of every turn
+boundary.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Iterable
+from typing import Any, Final
 
 import attrs
 
 from harness.errors import InvariantError
-from harness.session._events import Event, ReplaceOp
+from harness.session._events import END_SEED, SAFE_INT_MAX, Event, ReplaceOp
 from harness.session._json import ARRAY, raw_of
 
 _TURN_SCOPED = frozenset({"step/end", "assistant/chunk", "assistant/message", "tool/call"})
 _TURN_ENCLOSED = frozenset({"todo/write", "request/header", "request/context"})
 
+_START: Final = "compaction/start"
+_SUMMARY: Final = "compaction/summary"
+_END: Final = "compaction/end"
+_CHECKPOINT: Final = "compaction checkpoint"
+_BRACKET: Final = frozenset({_START, _SUMMARY, _END})
+_TURN_BOUNDARY: Final = frozenset({"turn/start", "turn/end"})
+_ABSENT: Final[Any] = object()
+"""A key the event's data does not have (JavaScript's ``undefined``)."""
+
 
 @attrs.frozen(slots=True)
 class Trace:
-    """The per-session state the invariants carry (immutable: batches stay atomic)."""
+    """The per-session state the invariants carry (immutable: batches stay atomic).
+
+    The ``compaction_*`` fields describe the open compaction bracket; ``compaction_id``
+    is ``None`` when none is open. ``compaction_source`` is the start's
+    ``sourceCommandId`` (``None``: the start had none), ``compaction_owner`` its
+    ``turn`` (``None``: a standalone bracket), ``compaction_start`` its seq and
+    ``summarized`` whether its ``compaction/summary`` was seen. ``stale_starts`` holds
+    the seqs of the seed's orphan starts that a later ``session/end-seed`` proves
+    stale (§1.4, set by :meth:`RelationalInvariants.begin_seed`).
+    """
 
     last_seq: int = -1
     open_turn: int | None = None
@@ -24,14 +49,84 @@ class Trace:
     next_turn: int = 1
     next_step: int = 1
     pending: frozenset[str] = frozenset()
+    compaction_id: str | None = None
+    compaction_source: str | None = None
+    compaction_owner: int | None = None
+    compaction_start: int = -1
+    summarized: bool = False
+    stale_starts: frozenset[int] = frozenset()
 
 
 def _fmt(v: object) -> str:
     return "null" if v is None else str(v)
 
 
+def _js(v: object) -> str:
+    """``String(v)`` of a JSON value, as JavaScript renders it in the reference's text."""
+    if v is _ABSENT:
+        return "undefined"
+    if v is None:
+        return "null"
+    if v is True:
+        return "true"
+    if v is False:
+        return "false"
+    if type(v) is float and v.is_integer():
+        return str(int(v))
+    if type(v) is dict:
+        return "[object Object]"
+    if type(v) in ARRAY:
+        return ",".join("" if x is None else _js(x) for x in v)  # type: ignore[attr-defined]
+    return str(v)
+
+
+def _number(v: object) -> bool:
+    return (type(v) is int or type(v) is float) and v is not True and v is not False
+
+
+def _same(a: object, b: object) -> bool:
+    """JavaScript's ``a === b`` over JSON values (objects and arrays: identity)."""
+    if _number(a) and _number(b):
+        return a == b
+    if type(a) is not type(b) or type(a) in (dict, list, tuple):
+        return a is b
+    return a is b or a == b
+
+
+def _safe_count(v: object) -> bool:
+    """JavaScript's ``Number.isSafeInteger(v) && v >= 0``: a JSON number, so an
+    integral float (``3.0``) counts, as in the compaction config loader; a bool does not."""
+    if type(v) is float and v.is_integer():
+        v = int(v)
+    return type(v) is int and 0 <= v <= SAFE_INT_MAX
+
+
+def _check_id(value: object, label: str) -> None:
+    if type(value) is not str or not value:
+        raise InvariantError(f"{label} must be a non-empty string")
+
+
+def _stale_orphans(types: Iterable[object]) -> frozenset[int]:
+    """The seqs of ``compaction/start`` events still unmatched when a later
+    ``session/end-seed`` comes; the end of the seed counts as one (construction
+    appends it unless the seed ends with one)."""
+    stale: set[int] = set()
+    open_start: int | None = None
+    for i, t in enumerate(types):
+        if t == _START:
+            open_start = i
+        elif t == _END:
+            open_start = None
+        elif t == END_SEED and open_start is not None:
+            stale.add(open_start)
+            open_start = None
+    if open_start is not None:
+        stale.add(open_start)
+    return frozenset(stale)
+
+
 class RelationalInvariants:
-    """Checks turn/step/tool-call structure before each append commits.
+    """Checks turn/step/tool-call structure and compaction brackets before each append commits.
 
     Use as ``Session.create(..., validator=RelationalInvariants())``. It is replayed
     over seeds too, so a session built from a bad log fails construction.
@@ -39,6 +134,17 @@ class RelationalInvariants:
 
     def initial(self) -> Trace:
         return Trace()
+
+    def begin_seed(self, state: Trace, types: Iterable[object]) -> Trace:
+        """Called by the session before it replays a seed through :meth:`check`, with
+        the seed's event types in seq order (``None`` for a malformed record).
+
+        It finds the inherited orphan starts (§1.4): while one of them is the open
+        bracket, the turn-boundary checks are skipped, so the crash-repair closers
+        (``step/end``, ``turn/end``) before the end-seed that clears it are accepted.
+        Live appends are always checked strictly.
+        """
+        return attrs.evolve(state, stale_starts=_stale_orphans(types))
 
     def check(self, state: Trace, event: Event) -> Trace:
         s = state
@@ -49,6 +155,28 @@ class RelationalInvariants:
         raw = raw_of(event.data)
         d: dict[str, Any] = raw if type(raw) is dict else {}
         s = attrs.evolve(s, last_seq=seq)
+        s = self._core(s, event, t, d)
+        if t in _BRACKET:
+            return self._bracket(s, event, t, d)
+        if t in _TURN_BOUNDARY:
+            if s.compaction_id is not None and s.compaction_start not in s.stale_starts:
+                owner = (
+                    "standalone compaction"
+                    if s.compaction_owner is None
+                    else f"compaction for turn {_js(s.compaction_owner)}"
+                )
+                raise InvariantError(f"{t} cannot cross an open {owner}")
+            return s
+        if t == END_SEED:
+            return _closed(s) if s.compaction_id is not None else s
+        if t == "user/message" and isinstance(event.surface_op, ReplaceOp):
+            source = d.get("source")
+            if type(source) is dict and source.get("kind") == "plugin" and source.get("plugin") == "compact":
+                _check_checkpoint(s, source)
+        return s
+
+    def _core(self, s: Trace, event: Event, t: str, d: dict[str, Any]) -> Trace:
+        """The session-core rules (session-core reference §11)."""
         if t == "turn/start":
             turn = d.get("turn")
             if s.open_turn is not None:
@@ -115,3 +243,113 @@ class RelationalInvariants:
                 f"{t} appended outside any open turn (core execution events must be turn-enclosed)"
             )
         return s
+
+    def _bracket(self, s: Trace, event: Event, t: str, d: dict[str, Any]) -> Trace:
+        """``compaction/start``, ``compaction/summary`` and ``compaction/end`` (§1.5)."""
+        cid = d.get("compactionId", _ABSENT)
+        scid = d.get("sourceCommandId", _ABSENT)
+        _check_id(cid, f"{t} compactionId")
+        if scid is not _ABSENT:
+            _check_id(scid, f"{t} sourceCommandId")
+        if t == _START:
+            if s.compaction_id is not None:
+                owner = (
+                    "standalone compaction"
+                    if s.compaction_owner is None
+                    else f"turn {_js(s.compaction_owner)}"
+                )
+                raise InvariantError(f"compaction/start while {owner} is still compacting")
+            turn = d.get("turn", _ABSENT)
+            _check_owner(turn, s.open_turn, t)
+            return attrs.evolve(
+                s,
+                compaction_id=cid,
+                compaction_source=None if scid is _ABSENT else scid,
+                compaction_owner=turn,
+                compaction_start=event.seq,
+                summarized=False,
+            )
+        if s.compaction_id is None:
+            raise InvariantError(f"{t} has no matching compaction/start")
+        if cid != s.compaction_id:
+            raise InvariantError(f"{t} id {cid} does not match compaction/start id {s.compaction_id}")
+        _check_source(t, scid, s.compaction_source)
+        if t == _SUMMARY:
+            _check_owner(s.compaction_owner, s.open_turn, t)
+            if s.summarized:
+                raise InvariantError("compaction/summary repeated within one compaction")
+            seqs = d.get("shadowedSeqs")
+            if type(seqs) not in ARRAY or not seqs:
+                raise InvariantError("compaction/summary shadowedSeqs must be non-empty")
+            shadowed = d.get("shadowedRange")
+            if (
+                type(shadowed) is not dict
+                or not _same(seqs[0], shadowed.get("start", _ABSENT))
+                or not _same(seqs[-1], shadowed.get("end", _ABSENT))
+            ):
+                raise InvariantError("compaction/summary shadowedRange must match the first and last shadowedSeqs")
+            if not _safe_count(d.get("shadowedTokenCount")):
+                raise InvariantError("compaction/summary shadowedTokenCount must be a non-negative safe integer")
+            return attrs.evolve(s, summarized=True)
+        turn = d.get("turn", _ABSENT)
+        if not _same(turn, s.compaction_owner):
+            raise InvariantError(
+                f"compaction/end owner {_js(turn)} does not match compaction/start owner {_js(s.compaction_owner)}"
+            )
+        _check_owner(s.compaction_owner, s.open_turn, t)
+        if "error" not in d and not s.summarized:
+            raise InvariantError("successful compaction/end requires one compaction/summary")
+        return _closed(s)
+
+
+def _closed(s: Trace) -> Trace:
+    """``s`` with no open compaction bracket."""
+    return attrs.evolve(
+        s,
+        compaction_id=None,
+        compaction_source=None,
+        compaction_owner=None,
+        compaction_start=-1,
+        summarized=False,
+    )
+
+
+def _check_owner(owner: object, open_turn: object, t: str) -> None:
+    """A standalone (``null``) bracket between turns, a numbered one inside its turn."""
+    if owner is None:
+        if open_turn is not None:
+            raise InvariantError(f"{t} is standalone but turn {_js(open_turn)} is open")
+        return
+    if open_turn is None:
+        raise InvariantError(f"{t} for turn {_js(owner)} appended outside any open turn")
+    if not _same(owner, open_turn):
+        raise InvariantError(f"{t} names turn {_js(owner)} but open turn is {_js(open_turn)}")
+
+
+def _check_source(label: str, value: object, expected: str | None) -> None:
+    """The optional ``sourceCommandId`` equals the start's; absent on one side only
+    is a mismatch (rendered ``undefined``, as the reference prints it)."""
+    if value is _ABSENT:
+        if expected is None:
+            return
+    elif value == expected:
+        return
+    shown = _ABSENT if expected is None else expected
+    raise InvariantError(
+        f"{label} sourceCommandId {_js(value)} does not match compaction/start sourceCommandId {_js(shown)}"
+    )
+
+
+def _check_checkpoint(s: Trace, source: dict[str, Any]) -> None:
+    """The checkpoint ``user/message`` (a replace with a compact source) names the
+    open bracket. A summary before it is not required."""
+    cid = source.get("compactionId", _ABSENT)
+    scid = source.get("sourceCommandId", _ABSENT)
+    _check_id(cid, f"{_CHECKPOINT} compactionId")
+    if scid is not _ABSENT:
+        _check_id(scid, f"{_CHECKPOINT} sourceCommandId")
+    if s.compaction_id is None:
+        raise InvariantError(f"{_CHECKPOINT} has no matching compaction/start")
+    if cid != s.compaction_id:
+        raise InvariantError(f"{_CHECKPOINT} id {cid} does not match compaction/start id {s.compaction_id}")
+    _check_source(_CHECKPOINT, scid, s.compaction_source)

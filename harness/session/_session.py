@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import bisect
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Final, Protocol
 
 import attrs
@@ -88,6 +88,10 @@ class AppendValidator(Protocol):
     ``check`` is pure: it returns the validator's next state and raises
     :class:`~harness.errors.SessionError` to veto. The session threads the state
     through a batch and keeps it only if the whole batch commits.
+
+    Optional: ``begin_seed(state, types) -> state``, called before a seed replay
+    with the seed's event types in seq order (a seeded session always ends with a
+    ``session/end-seed``).
     """
 
     def initial(self) -> Any: ...
@@ -206,6 +210,11 @@ class Session:
         already ends with one.
         """
         self = cls._blank(session_id, clock, validator)
+        if seed:
+            self._begin_seed(
+                it.type if isinstance(it, Event) else it.get("type") if isinstance(it, Mapping) else None
+                for it in seed
+            )
         with gc_paused(promote=seed is not None):  # seed copies are long-lived (decision 0003)
             for i, item in enumerate(seed or ()):
                 if isinstance(item, Event):
@@ -307,6 +316,7 @@ class Session:
         self._last_header = _last_index(self._events, "request/header", parent._last_header)
         self._last_context = _last_index(self._events, "request/context", parent._last_context)
         if validator is not None:
+            self._begin_seed(self._events.type_at(i) for i in range(len(self._events)))
             state = self._vstate
             for ev in self._events:
                 state = validator.check(state, ev)
@@ -325,6 +335,14 @@ class Session:
         self._vstate = validator.initial() if validator is not None else None
         return self
 
+    def _begin_seed(self, types: Iterable[object]) -> None:
+        """Before a seed replay: show a validator that defines ``begin_seed`` the
+        seed's event types in seq order (the compaction invariants look ahead to the
+        end-seed that proves an orphan bracket stale, compaction reference §1.4)."""
+        hook = getattr(self._validator, "begin_seed", None)
+        if hook is not None:
+            self._vstate = hook(self._vstate, types)
+
     def _restore_records(self, records: list[dict[str, Any]]) -> None:
         # The hot loop of W4. Records of the common shapes (log-only events without
         # metadata, plain surface appends of well-formed messages) are checked and
@@ -333,6 +351,7 @@ class Session:
         # the exact error. Exact key sets are checked by length: the four required
         # keys are read, so 4 keys (or 5 with surfaceOp) means no others.
         if self._validator is not None:
+            self._begin_seed(rec.get("type") if type(rec) is dict else None for rec in records)
             for i, rec in enumerate(records):
                 self._seed_record(i, rec)
             return
