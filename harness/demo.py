@@ -63,6 +63,7 @@ def _assistant(turn: int, mid: str, blocks: list[dict[str, object]]) -> dict[str
 
 def run_demo(root: str | None = None) -> int:
     from harness._demo_agent import run_agent_story
+    from harness._demo_compaction import run_compaction_act
 
     where = Path(root) if root else Path(tempfile.mkdtemp(prefix="harness-demo-"))
     where.mkdir(parents=True, exist_ok=True)
@@ -71,6 +72,7 @@ def run_demo(root: str | None = None) -> int:
     _core_walk()
     print(f"\n== more: sessions as actors on a store, durable under {where / 'store'} ==")
     trio.run(_store_walk, where / "store")
+    run_compaction_act(where / "compaction")
     return 0
 
 

@@ -188,11 +188,14 @@ async def test_pressure_prunes_first_and_stops_when_pruning_was_enough() -> None
 # -- context-overflow recovery (§6.2, §6.3) -------------------------------------------------
 
 
-OVERFLOW = Fail(ContextWindowExceededError("prompt is too long"))
+def overflow() -> Fail:
+    # A fresh error per use: a raised exception keeps its traceback (and the frames,
+    # and the session they reference) alive for as long as the exception lives.
+    return Fail(ContextWindowExceededError("prompt is too long"))
 
 
 async def test_overflow_compacts_and_retries_in_the_same_step() -> None:
-    script = [*replies(2), [OVERFLOW], [Say("fits now")]]
+    script = [*replies(2), [overflow()], [Say("fits now")]]
     async with agent_on(script, window=100_000) as (agent, _, _summaries):
         await agent.run_turn(LONG)
         await agent.run_turn(LONG)
@@ -209,7 +212,7 @@ async def test_overflow_compacts_and_retries_in_the_same_step() -> None:
 
 
 async def test_overflow_retries_are_capped_per_agent_and_reset_when_idle() -> None:
-    script = [*replies(2), [OVERFLOW], [OVERFLOW], [OVERFLOW], [Say("ok")]]
+    script = [*replies(2), [overflow()], [overflow()], [overflow()], [Say("ok")]]
     async with agent_on(script, window=100_000) as (agent, compaction, _summaries):
         await agent.run_turn(LONG)
         await agent.run_turn(LONG)
@@ -222,7 +225,7 @@ async def test_overflow_retries_are_capped_per_agent_and_reset_when_idle() -> No
 
 
 async def test_overflow_without_progress_is_not_retried() -> None:
-    async with agent_on([[OVERFLOW]], window=100_000) as (agent, _, _summaries):
+    async with agent_on([[overflow()]], window=100_000) as (agent, _, _summaries):
         result = await agent.run_turn("only me")  # nothing compactable: the newest node is kept
         assert result.kind == "error"
         assert not of_type(agent.session, "compaction/start")
@@ -230,7 +233,7 @@ async def test_overflow_without_progress_is_not_retried() -> None:
 
 @pytest.mark.parametrize("config", [{"maxOverflowRetries": 0}, {"auto": False}])
 async def test_overflow_recovery_can_be_disabled(config: dict[str, Any]) -> None:
-    async with agent_on([*replies(2), [OVERFLOW]], config=config, window=100_000) as (agent, _, _summaries):
+    async with agent_on([*replies(2), [overflow()]], config=config, window=100_000) as (agent, _, _summaries):
         await agent.run_turn(LONG)
         await agent.run_turn(LONG)
         assert (await agent.run_turn("q3")).kind == "error"

@@ -31,9 +31,34 @@ def test_demo_tells_the_whole_story(tmp_path: Path) -> None:
         "forked 'assistant-branch'",
         "a stale handle is refused: SESSION_NOT_LIVE",
         "same log and surface as when it was live: True",
+        # The compaction act: pressure in the middle of turn 4, between its two steps.
+        "---- step 1 of turn 4 ends ----",
+        "* agent/pre-step of step 2 measures",
+        "compaction/start     [ bracket",
+        "opens (turn 4)",
+        "compaction/summary   | shadowedRange {start: ",
+        "surfaceOp replace {start: ",
+        "closes (turn 4)",
+        "---- step 2 of turn 4 begins ----",
+        "user: [checkpoint] - The user asked",
+        "the model sees the checkpoint instead",
+        # The overflow: recovered inside the open step, and retried there.
+        "request 1 fails: ContextWindowExceededError (CONTEXT_WINDOW_EXCEEDED); the step stays open",
+        "opens (turn 5)",
+        "turn 5: completed; 2 requests, step/start count 1: retried in the same step",
+        # /compact: a standalone bracket.
+        "success: Compacted 2 history items (~",
+        "opens (standalone, turn null)",
+        "reloaded 'long-chat' from",
     ):
         assert needle in out, needle
-    assert len(list(tmp_path.rglob("session.jsonl"))) == 4
+    # The bracket of turn 4 sits between step 1's end and step 2's start.
+    act = out[out.index("timeline of turn 4") :]
+    assert act.index("step 1 of turn 4 ends") < act.index("opens (turn 4)") < act.index("closes (turn 4)")
+    assert act.index("closes (turn 4)") < act.index("step 2 of turn 4 begins")
+    assert "same surface as when it was live: True" in act
+    assert "compaction" not in done.stderr.decode()  # no compaction warning was logged
+    assert len(list(tmp_path.rglob("session.jsonl"))) == 5
 
 
 def test_bench_json_has_every_requested_variant() -> None:

@@ -29,7 +29,7 @@ from harness.compaction import (
     tool_pairing_balanced_before,
     utf16_len,
 )
-from harness.compaction._cache import cached_session_count
+from harness.compaction._cache import cache_for, cached_session_count
 from harness.errors import (
     CompactionConfigError,
     CompactionError,
@@ -38,7 +38,7 @@ from harness.errors import (
     TargetPressureConfigError,
     ToolPairingError,
 )
-from harness.session import Event, ReplaceOp, Session, SessionHeader, thaw
+from harness.session import ReplaceOp, Session, SessionHeader, thaw
 from tests.helpers import assistant, tool_call_block, tool_result, user
 
 # -- builders ---------------------------------------------------------------------------------
@@ -350,19 +350,21 @@ def test_pairing_orphan_result_is_corrupt() -> None:
 
 
 class Reads:
-    """Counts ``Session.event`` calls (the fold's only way to read events)."""
+    """Counts ``Session.type_at`` calls: the fold reads each node's type once per seq
+    (a seq's delta is memoised; only an assistant message's content is read too, from
+    the session's memoised derived message). ``missing`` reads as a non-surface type."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch, missing: int | None = None) -> None:
         self.count = 0
-        original = Session.event
+        original = Session.type_at
 
-        def counted(session: Session, seq: int) -> Event:
+        def counted(session: Session, seq: int) -> str:
             self.count += 1
             if seq == missing:
-                raise IndexError(seq)
+                return "session/not-a-surface-event"
             return original(session, seq)
 
-        monkeypatch.setattr(Session, "event", counted)
+        monkeypatch.setattr(Session, "type_at", counted)
 
 
 def test_pairing_node_without_event_is_corrupt(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -404,13 +406,14 @@ def test_pairing_corrupt_tail_commits_nothing(monkeypatch: pytest.MonkeyPatch) -
     bad = add_result(s, "c1")
     reads = Reads(monkeypatch)
     message = rf"tool/result at surface seq {bad} has no matching tool-call"
+    folded = list(cache_for(s).pairing.after)
     with pytest.raises(ToolPairingError, match=message):
         tool_pairing_balanced_before(s, 0)
     assert reads.count == 4
-    # Had the good prefix of the tail been committed, the retry would read only 1.
+    assert cache_for(s).pairing.after == folded  # nothing of the failed tail committed
     with pytest.raises(ToolPairingError, match=message):
         tool_pairing_balanced_before(s, 0)
-    assert reads.count == 8
+    assert reads.count == 4  # the retry folds from the same point, on memoised deltas
 
 
 def test_cache_is_dropped_with_its_session() -> None:

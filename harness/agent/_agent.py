@@ -13,7 +13,7 @@ import trio
 
 from actors import ActorError
 from harness.agent._hooks import AgentHooks, RequestErrorContext, Retry, Status, StepContext
-from harness.agent._inbox import TARGETS, Inbox, Target, splice_draft
+from harness.agent._inbox import Inbox, Target, splice_draft
 from harness.agent._tools import ToolSet
 from harness.errors import HarnessError
 from harness.persistence import CheckpointPolicy
@@ -257,7 +257,7 @@ class Agent:
         """
         dropped = 0
         async with self._inbox_lock:
-            for target in TARGETS:
+            for target in ("next-step", "next-turn"):  # the reference's order
                 queue = self._inbox.queues[target]
                 if queue:
                     n = len(queue)
@@ -294,10 +294,15 @@ class Agent:
 
     async def _drive(self, done: trio.Event) -> None:
         try:
-            await self.run_queued()
+            if self._phase == "idle":  # else a direct turn started first: its end wakes us
+                await self.run_queued()
         except (HarnessError, ActorError) as exc:
             # The session went away under the queued work: it stays in the log.
             log.warning('agent "%s": queued work stopped: %s', self.id, exc)
+        except Exception:
+            # A bug under a queued turn (a hook's): the turn is closed (INTERNAL_ERROR);
+            # it must not take the loop's nursery, and every other agent, down with it.
+            log.exception('agent "%s": queued work stopped by an unexpected error', self.id)
         finally:
             self._driver = None
             done.set()
@@ -372,9 +377,12 @@ class Agent:
         self._turn_task = trio.lowlevel.current_task()
         turn = self._last_turn + 1
         self._last_turn = turn
+        # The scope exists before the "running" notification: a listener that cancels
+        # there stops the turn before turn/start (no turn at all).
+        scope = self._scope = trio.CancelScope()
         self._notify("running")
         try:
-            return await self._turn(turn, prompt)
+            return await self._turn(turn, prompt, scope)
         finally:
             # Set only after turn/end is logged: whoever waits for idle (dispose) can
             # detach the session knowing the turn is closed.
@@ -424,13 +432,12 @@ class Agent:
                 self._inbox.apply(*change)
             return claimed
 
-    async def _turn(self, turn: int, prompt: dict[str, Any] | None) -> TurnResult:
+    async def _turn(self, turn: int, prompt: dict[str, Any] | None, scope: trio.CancelScope) -> TurnResult:
         steps: list[_Step] = []
         outcome: dict[str, Any] | None = None
         started = False
         try:
-            with trio.CancelScope() as scope:
-                self._scope = scope
+            with scope:
                 while outcome is None:
                     first = not steps
                     claimed = await self._claim(turn, prompt, first=first)

@@ -7,7 +7,7 @@ from collections.abc import Callable, Sequence
 
 import orjson
 
-from harness.bench import _actors, _core, _disk
+from harness.bench import _actors, _compaction, _core, _disk
 from harness.bench._runner import Result
 
 Workload = Callable[[int, int], list[Result]]
@@ -20,6 +20,7 @@ WORKLOADS: dict[str, Workload] = {
     "W5": _disk.w5,
     "W6": _core.w6,
     "W7": _disk.w7,
+    "W8": _compaction.w8,
     "W12": _actors.w12,
 }
 """Workload ids; each may produce several variants (e.g. W2 -> W2, W2b)."""

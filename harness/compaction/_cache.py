@@ -4,7 +4,7 @@ in a ``WeakKeyDictionary``: an entry lives exactly as long as its session."""
 from __future__ import annotations
 
 import weakref
-from typing import Final
+from typing import Any, Final
 
 from harness.session import Session
 
@@ -16,12 +16,13 @@ class PairingState:
     each folded seq to its position. Valid for ``generation`` and ``len(after)`` nodes.
     """
 
-    __slots__ = ("after", "generation", "positions")
+    __slots__ = ("after", "deltas", "generation", "positions")
 
     def __init__(self) -> None:
         self.generation = -1  # no fold yet: the first query always builds
         self.after: list[int] = []
         self.positions: dict[int, int] = {}
+        self.deltas: dict[int, int] = {}  # seq -> its change to the count (immutable)
 
 
 class MeterState:
@@ -40,6 +41,10 @@ class MeterState:
         "anchor_usage",
         "delta",
         "last_header_seq",
+        "node_tokens",
+        "nodes",
+        "nodes_generation",
+        "nodes_tokens",
         "prices",
         "scanned",
         "unpriced",
@@ -54,6 +59,12 @@ class MeterState:
         self.anchor_usage: int | None = None
         self.delta = 0
         self.unpriced = False
+        # The priced surface (``NodeTokens`` per node) for ``nodes_generation``: appends
+        # extend it, a replace rebuilds it from the cached prices.
+        self.nodes: tuple[Any, ...] = ()
+        self.node_tokens: dict[int, Any] = {}  # seq -> its NodeTokens (immutable)
+        self.nodes_generation = -1
+        self.nodes_tokens = 0
 
 
 class SessionCache:

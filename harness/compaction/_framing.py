@@ -16,7 +16,7 @@ import attrs
 
 from harness.compaction._meter import estimate_message, raw
 from harness.errors import SummaryNotSmallerError
-from harness.session import FrozenDict, Session, derive_event_message, thaw
+from harness.session import FrozenDict, Session, thaw
 
 PREAMBLE: Final = (
     "This is an automatically generated checkpoint condensing an earlier span of the "
@@ -114,7 +114,7 @@ def summarization_input(session: Session, shadowed_seqs: Iterable[int]) -> Summa
             tools = tuple(s for s in specs if isinstance(s, FrozenDict))
     messages = []
     for seq in shadowed_seqs:
-        message = derive_event_message(session.event(seq))
+        message = session.derive_message(seq)
         if message is not None:
             messages.append(message)
     return SummarizationInput(system, tools, tuple(messages))

@@ -9,12 +9,14 @@ surface since. The anchored total is used only when it can be trusted (see
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Final
 
 import attrs
 
 from harness.compaction._cache import MeterState, cache_for
 from harness.compaction._meter import estimate_header, estimate_message, raw
+from harness.compaction._pairing import delta_of
 from harness.session import (
     SURFACE_TYPES,
     Event,
@@ -70,10 +72,39 @@ _PRICED_BY: Final = frozenset({"compaction/summary", "compaction/prune"})
 def _price(session: Session, meter: MeterState, seq: int, event: Event | None = None) -> int:
     price = meter.prices.get(seq)
     if price is None:
-        message = derive_event_message(event if event is not None else session.event(seq))
+        message = derive_event_message(event) if event is not None else session.derive_message(seq)
         # derive gives None for an empty-content assistant message: it costs 0.
         price = meter.prices[seq] = 0 if message is None else estimate_message(message)
     return price
+
+
+def priced_surface(session: Session, meter: MeterState) -> tuple[tuple[NodeTokens, ...], int]:
+    """The surface as ``NodeTokens`` and their sum, cached per replace generation: in
+    one generation the surface only grows at its end, so only new nodes are priced."""
+    surface = session.surface
+    generation = session.generation
+    if meter.nodes_generation != generation or len(meter.nodes) > len(surface):
+        meter.nodes, meter.nodes_tokens, meter.nodes_generation = (), 0, generation
+    k = len(meter.nodes)
+    if k < len(surface):
+        made = meter.node_tokens
+
+        def node(seq: int) -> NodeTokens:
+            n = made.get(seq)
+            if n is None:
+                n = made[seq] = NodeTokens(seq, _price(session, meter, seq))
+            return n
+
+        new = tuple(map(node, surface[k:]))
+        meter.nodes = meter.nodes + new if k else new
+        meter.nodes_tokens += sum(n.tokens for n in new)
+    return meter.nodes, meter.nodes_tokens
+
+
+def span_tokens(session: Session, seqs: Sequence[int]) -> tuple[NodeTokens, ...]:
+    """``NodeTokens`` for ``seqs`` only (prices are cached per event)."""
+    meter = cache_for(session).meter
+    return tuple(NodeTokens(seq, _price(session, meter, seq)) for seq in seqs)
 
 
 def _usage(event: Event) -> int | None:
@@ -121,14 +152,18 @@ def _shadow_price(session: Session, event: Event, op: ReplaceOp) -> int | None:
 
 def _scan(session: Session, meter: MeterState) -> None:
     """Fold the events appended since the last scan into ``meter`` (each read once)."""
+    type_at = session.type_at
+    deltas = cache_for(session).pairing.deltas
     for seq in range(meter.scanned, session.seq):
-        event = session.event(seq)
-        t = event.type
+        t = type_at(seq)  # most events are log-only: no Event is built for them
         if t == "request/header":
             meter.last_header_seq = seq
             continue
         if t not in SURFACE_TYPES:
             continue
+        event = session.event(seq)
+        # The pairing fold's per-node delta, while the event is at hand.
+        deltas[seq] = delta_of(t, raw_of(event.data))
         op = event.surface_op
         if t == "assistant/message":
             meter.anchor_seq = seq
@@ -183,8 +218,7 @@ def measure(session: Session, *, header: object = LATEST_HEADER) -> Measurement:
     else:
         current = None if header is None else canonical_header(raw(header))
     header_tokens = 0 if current is None else estimate_header(current)
-    nodes = tuple(NodeTokens(seq, _price(session, meter, seq)) for seq in session.surface)
-    surface_tokens = sum(n.tokens for n in nodes)
+    nodes, surface_tokens = priced_surface(session, meter)
     heuristic = header_tokens + surface_tokens
     _scan(session, meter)
     total, anchor = heuristic, None

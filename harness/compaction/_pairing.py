@@ -19,31 +19,36 @@ from __future__ import annotations
 
 from harness.compaction._cache import PairingState, cache_for
 from harness.errors import ToolPairingError
-from harness.session import SURFACE_TYPES, Session, raw_of
+from harness.session import SURFACE_TYPES, Session
 
 _PREFIX = "tool-pairing balance: "
 
 
-def _delta(session: Session, seq: int) -> int:
-    try:
-        event = session.event(seq)
-    except IndexError:
-        event = None
-    if event is None or event.seq != seq or event.type not in SURFACE_TYPES:
-        raise ToolPairingError(
-            f"{_PREFIX}surface seq {seq} has no matching session event (corrupt surface)",
-            session_id=session.id,
-        )
-    if event.type == "tool/result":
+def delta_of(type_: str, data: object) -> int:
+    """A surface event's change to the open-call count: ``assistant/message`` +its
+    ``tool-call`` blocks, ``tool/result`` -1, anything else 0. ``data`` is raw."""
+    if type_ == "tool/result":
         return -1
-    if event.type != "assistant/message":
+    if type_ != "assistant/message":
         return 0
-    data = raw_of(event.data)
     message = data.get("message") if type(data) is dict else None
     content = message.get("content") if type(message) is dict else None
     if type(content) is not list and type(content) is not tuple:
         return 0
     return sum(1 for b in content if type(b) is dict and b.get("type") == "tool-call")
+
+
+def _delta(session: Session, seq: int, deltas: dict[int, int]) -> int:
+    """The node's delta, memoised per seq (events are immutable; the meter's scan
+    fills the memo too, so a fold after a measure reads no event)."""
+    t = session.type_at(seq) if 0 <= seq < session.seq else None
+    if t not in SURFACE_TYPES:
+        raise ToolPairingError(
+            f"{_PREFIX}surface seq {seq} has no matching session event (corrupt surface)",
+            session_id=session.id,
+        )
+    d = deltas[seq] = delta_of(t, session.raw_data_at(seq))
+    return d
 
 
 def pairing_state(session: Session) -> PairingState:
@@ -63,9 +68,11 @@ def pairing_state(session: Session) -> PairingState:
     # the cache as it was.
     after: list[int] = []
     positions: dict[int, int] = {}
+    deltas = state.deltas
     for p in range(start, n):
         seq = nodes[p]
-        count += _delta(session, seq)
+        d = deltas.get(seq)
+        count += _delta(session, seq, deltas) if d is None else d
         if count < 0:
             raise ToolPairingError(
                 f"{_PREFIX}tool/result at surface seq {seq} has no matching tool-call (corrupt surface)",

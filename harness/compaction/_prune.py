@@ -231,17 +231,27 @@ def prune_session(
     write = session.append_batch if append is None else append
     removed = 0
     pruned: list[PrunedResult] = []
+    type_at, data_at = session.type_at, session.raw_data_at
     for seq in tuple(session.surface):
-        event = session.event(seq)
-        if event.type != "tool/result":
+        if type_at(seq) != "tool/result":
             continue
-        found = _prunable_block(event.data)
+        found = _prunable_block(data_at(seq))
         if found is None:
             continue
         block, inner = found
+        # Most results are small: count their text before building anything.
+        total = 0
+        for b in inner:
+            if type(b) is dict and b.get("type") == "text":
+                text = b.get("text")
+                if type(text) is str:
+                    total += len(text)
+        if total <= config.threshold_chars:
+            continue
         new_inner = prune_content(inner, config)
         if new_inner is None:
             continue
+        event = session.event(seq)
         data = thaw(event.data)
         data["message"]["content"][0]["content"] = new_inner
         price = {

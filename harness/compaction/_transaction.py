@@ -16,11 +16,12 @@ from typing import Any, Final, Literal
 import attrs
 
 from harness.compaction._framing import SummarizationInput, frame_checkpoint, summarization_input
-from harness.compaction._measure import NodeTokens, measure
+from harness.compaction._measure import NodeTokens, measure, span_tokens
 from harness.compaction._pairing import tool_pairing_balanced_after, tool_pairing_balanced_before
 from harness.compaction._summarize import SummaryOutput
 from harness.errors import CompactionError, ManualCompactionError, SurfaceChangedError
-from harness.session import END_SEED, EventDraft, ReplaceOp, Session, thaw
+from harness.session import EventDraft, ReplaceOp, Session, thaw
+from harness.session._session import _NO_TURN
 
 Stability = Literal["whole-surface", "selected-span"]
 
@@ -74,6 +75,7 @@ class Transaction:
     shadowed_token_count: int = 0
     surface_nodes: tuple[NodeTokens, ...] = ()  # the whole surface as prepared
     span_nodes: tuple[NodeTokens, ...] = ()
+    generation: int = -1  # the surface's replace generation as prepared
     input: SummarizationInput | None = None
 
 
@@ -106,28 +108,14 @@ def validate_region(session: Session, start: int, end: int) -> None:
 
 
 def lock_state(session: Session) -> LockState:
-    """Scan the log backwards for the open turn, an unmatched ``compaction/start`` and
-    the newest ``session/end-seed`` (three independent facts, §1.2 step 3)."""
-    events = session.events
-    open_turn: int | None = None
-    turn_seen = bracket_seen = False
-    unmatched: int | None = None
-    end_seed = -1
-    for i in range(len(events) - 1, -1, -1):
-        t = events[i].type
-        if not turn_seen and t in ("turn/start", "turn/end"):
-            turn_seen = True
-            if t == "turn/start":
-                data: Any = events[i].data
-                open_turn = int(data["turn"])
-        elif not bracket_seen and t in (START, END):
-            bracket_seen = True
-            if t == START:
-                unmatched = i
-        elif end_seed < 0 and t == END_SEED:
-            end_seed = i
-        if turn_seen and bracket_seen and end_seed >= 0:
-            break
+    """The three independent facts of §1.2 step 3: the open turn, an unmatched
+    ``compaction/start`` and the newest ``session/end-seed``. O(log turns): the session
+    keeps the seqs of its turn markers, its latest bracket event and its newest end-seed."""
+    last = session.seq - 1
+    turn = session.open_turn_at(last) if last >= 0 else _NO_TURN
+    open_turn = int(turn) if turn is not _NO_TURN and type(turn) is int else None
+    bracket, end_seed = session.compaction_marks()
+    unmatched = bracket if bracket >= 0 and session.type_at(bracket) == START else None
     return LockState(open_turn, unmatched, end_seed)
 
 
@@ -185,16 +173,16 @@ def prepare(session: Session, txn: Transaction) -> None:
     build the summarizer's input from that snapshot."""
     measurement = measure(session)
     nodes = measurement.nodes
-    seqs = [n.seq for n in nodes]
-    i, j = seqs.index(txn.start), seqs.index(txn.end)
-    span = nodes[i : j + 1]
     surface = session.surface_snapshot()
-    if tuple(n.seq for n in span) != surface[surface.index(txn.start) : surface.index(txn.end) + 1]:
+    i, j = surface.index(txn.start), surface.index(txn.end)
+    span = nodes[i : j + 1]
+    if tuple(n.seq for n in span) != surface[i : j + 1]:
         raise SurfaceChangedError(
             "compaction: selected surface changed before summarization began", session_id=session.id
         )
     txn.span_nodes = span
     txn.surface_nodes = nodes
+    txn.generation = measurement.generation
     txn.shadowed_seqs = tuple(n.seq for n in span)
     txn.shadowed_token_count = sum(n.tokens for n in span)
     txn.input = summarization_input(session, txn.shadowed_seqs)
@@ -204,7 +192,10 @@ def check_stable(session: Session, txn: Transaction) -> None:
     """§3.2 (whole surface) or §3.3 (selected span); raises :class:`SurfaceChangedError`."""
     sid = session.id
     if txn.stability == "whole-surface":
-        if measure(session).nodes != txn.surface_nodes:
+        # Every node as prepared, deep-equal (§3.2): events are immutable and their
+        # prices fixed, and in one replace generation the surface only grows at its
+        # end, so "no replace and no new node" is exactly that check, in O(1).
+        if session.generation != txn.generation or len(session.surface) != len(txn.surface_nodes):
             raise SurfaceChangedError("compaction: session surface changed during summarization", session_id=sid)
         return
     try:
@@ -217,8 +208,7 @@ def check_stable(session: Session, txn: Transaction) -> None:
     span = surface[surface.index(txn.start) : surface.index(txn.end) + 1]
     if span != txn.shadowed_seqs:
         raise SurfaceChangedError("compaction: the selected span changed during summarization", session_id=sid)
-    nodes = {n.seq: n for n in measure(session).nodes}
-    if tuple(nodes[s] for s in span) != txn.span_nodes:
+    if span_tokens(session, span) != txn.span_nodes:
         raise SurfaceChangedError("compaction: the selected span was rewritten during summarization", session_id=sid)
 
 

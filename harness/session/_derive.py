@@ -120,6 +120,17 @@ class DeriveCache:
         self._generation = 0
         self._proj: list[Any] = []
 
+    def project(self, seq: int, events: Log) -> FrozenDict | None:
+        """The derived message of event ``seq`` (``None``: it derives to nothing),
+        memoised with the projections :meth:`derive` makes."""
+        proj = self._proj
+        if seq >= len(proj):
+            proj.extend([_UNPROJECTED] * (len(events) - len(proj)))
+        m = proj[seq]
+        if m is _UNPROJECTED:
+            m = proj[seq] = _project(events.type_at(seq), events.data_at(seq))
+        return m  # type: ignore[no-any-return]
+
     def derive(self, nodes: list[int], generation: int, events: Log) -> MessageList:
         if generation != self._generation:
             self._messages = []

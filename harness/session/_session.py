@@ -165,7 +165,9 @@ class Session:
         "_events",
         "_first_live_seq",
         "_header",
+        "_last_bracket",
         "_last_context",
+        "_last_end_seed",
         "_last_header",
         "_sid",
         "_surface",
@@ -187,6 +189,10 @@ class Session:
         self._last_header = -1
         self._last_context = -1
         self._turn_marks: list[int] = []  # seqs of turn/start and turn/end, ascending
+        # Seq of the latest compaction/start or compaction/end, and of the newest
+        # session/end-seed (-1: none): the compaction lock is O(1) to check.
+        self._last_bracket = -1
+        self._last_end_seed = -1
         self._sid = ""
         self._header: SessionHeader
 
@@ -315,6 +321,8 @@ class Session:
         self._turn_marks = parent._turn_marks[: bisect.bisect_right(parent._turn_marks, boundary)]
         self._last_header = _last_index(self._events, "request/header", parent._last_header)
         self._last_context = _last_index(self._events, "request/context", parent._last_context)
+        self._last_bracket = _last_index(self._events, _BRACKET, parent._last_bracket)
+        self._last_end_seed = _last_index(self._events, END_SEED, parent._last_end_seed)
         if validator is not None:
             self._begin_seed(self._events.type_at(i) for i in range(len(self._events)))
             state = self._vstate
@@ -510,6 +518,15 @@ class Session:
     def event(self, seq: int) -> Event:
         return self._events[seq]
 
+    def type_at(self, seq: int) -> str:
+        """The type of event ``seq``, without building the event. O(1)."""
+        return self._events.type_at(seq)
+
+    def raw_data_at(self, seq: int) -> RawJson:
+        """The stored data tree of event ``seq``, without building the event or a
+        frozen view: for hot readers inside the package. Read it; never mutate it."""
+        return self._events.data_at(seq)
+
     @property
     def surface(self) -> SurfaceNodes:
         """A live read-only view of the surface nodes (see ``.generation``)."""
@@ -523,6 +540,13 @@ class Session:
     def surface_snapshot(self) -> tuple[int, ...]:
         """The current surface nodes, detached (O(n))."""
         return tuple(self._surface.nodes)
+
+    def derive_message(self, seq: int) -> FrozenDict | None:
+        """The model-visible message event ``seq`` derives to (``None`` for a log-only
+        event or an empty assistant message), memoised with :meth:`derive_messages`."""
+        if not 0 <= seq < len(self._events):
+            raise IndexError(f"session {self.id!r} has no event {seq}")
+        return self._derive.project(seq, self._events)
 
     def derive_messages(self) -> MessageList:
         """The model-visible messages: an immutable sequence, O(1) plus new nodes."""
@@ -550,8 +574,17 @@ class Session:
             self._last_header = seq
         elif t == "request/context":
             self._last_context = seq
+        elif t == END_SEED:
+            self._last_end_seed = seq
+        elif t in _BRACKET:
+            self._last_bracket = seq
         else:
             self._turn_marks.append(seq)
+
+    def compaction_marks(self) -> tuple[int, int]:
+        """``(last_bracket, last_end_seed)``: the seq of the latest ``compaction/start``
+        or ``compaction/end`` and of the newest ``session/end-seed`` (-1: none). O(1)."""
+        return self._last_bracket, self._last_end_seed
 
     def last_turn(self) -> int:
         """The highest integer ``turn`` of any ``turn/start`` (0 if none). O(turns)."""
@@ -616,9 +649,20 @@ class Session:
             )
         # Replaces need positions that reflect earlier drafts of the batch: they are
         # planned against a private clone. Appends never read surface state.
-        needs_clone = len(drafts) > 1 and any(
-            d.surface_op is not None and d.surface_op != APPEND for d in drafts
-        )
+        # A replace reads positions: only a replace after another surface op of the
+        # same batch needs that op applied first (a log-only price then a replace,
+        # the compaction and prune batches, plans against the live state).
+        needs_clone = False
+        if len(drafts) > 1:
+            seen_op = False
+            for d in drafts:
+                op = d.surface_op
+                if op is None:
+                    continue
+                if seen_op and op != APPEND:
+                    needs_clone = True
+                    break
+                seen_op = True
         state = self._surface.clone() if needs_clone else self._surface
         events: list[Event] = []
         plans: list[SurfacePlan] = []
@@ -732,7 +776,10 @@ class Session:
 
 
 _PRIVATE: Final = object()
-_NOTED: Final = frozenset({"request/header", "request/context", "turn/start", "turn/end"})
+_BRACKET: Final = frozenset({"compaction/start", "compaction/end"})
+_NOTED: Final = frozenset(
+    {"request/header", "request/context", "turn/start", "turn/end", END_SEED, *_BRACKET}
+)
 _NO_TURN: Final[Any] = object()
 """Returned by :meth:`Session.open_turn_at` when no turn is open."""
 
@@ -753,13 +800,15 @@ def _fold_trusted(log: Log) -> SurfaceState:
     return state
 
 
-def _last_index(log: Log, type_: str, hint: int) -> int:
-    """Index of the last ``type_`` event in ``log``; ``hint`` is the parent's."""
+def _last_index(log: Log, type_: str | frozenset[str], hint: int) -> int:
+    """Index of the last event of ``type_`` (a type or a set) in ``log``; ``hint`` is
+    the parent's."""
     if hint < len(log):
         return hint
+    types = frozenset((type_,)) if isinstance(type_, str) else type_
     type_at = log.type_at
     for i in range(len(log) - 1, -1, -1):
-        if type_at(i) == type_:
+        if type_at(i) in types:
             return i
     return -1
 

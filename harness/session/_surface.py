@@ -89,8 +89,15 @@ class SurfaceState:
                 self._pos[plan.seq] = len(self.nodes)
             self.nodes.append(plan.seq)
             return
-        self.nodes[plan.start_index : plan.end_index + 1] = [plan.seq]
-        self._pos = None
+        i, j = plan.start_index, plan.end_index
+        pos = self._pos
+        if pos is not None and i == j:
+            # One node for one node (a pruned tool result): positions do not move.
+            del pos[self.nodes[i]]
+            pos[plan.seq] = i
+        else:
+            self._pos = None  # positions after the span moved: rebuilt on first use
+        self.nodes[i : j + 1] = [plan.seq]
         self.generation += 1
 
 
