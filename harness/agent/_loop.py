@@ -373,6 +373,11 @@ async def open_agent_loop(
     :class:`LifetimeClosedError`), disposes every live agent, and waits for every
     preparation still running in the loop's nursery (a late one is disposed).
 
+    ``compaction`` (an :class:`AgentCompaction`) is installed on every agent the loop
+    publishes (pressure at pre-step, overflow recovery at request-error) and registers
+    ``/compact`` in ``loop.commands``; on exit the commands are closed after the agents
+    (running handlers settle first).
+
     Cancellation of the block cancels the loop's tasks; disposal still runs shielded.
     """
     async with trio.open_nursery() as nursery:

@@ -1,11 +1,12 @@
-"""Context compaction: the pure, synchronous core (reference compaction §0, §2).
+"""Context compaction: the pure, synchronous core (reference compaction §0-§5).
 
-Built so far: the token meter and ``measure``, tool-pairing balance with its
-per-session cache, head-anchored range selection, ``BasicCompactionConfig``
-resolution, phase one (tool-result pruning, §4), and phase two's parts (§5): the
-summarizer's input, the checkpoint frame and shrink check, target resolution and
-the default summarizer (the one async function here). The transaction and the
-pressure/overflow/manual entry points are not built yet (see docs/compaction.md).
+The token meter and ``measure``, tool-pairing balance with its per-session cache,
+head-anchored range selection, ``BasicCompactionConfig`` resolution and pressure specs,
+phase one (tool-result pruning, §4), phase two's parts (§5: the summarizer's input, the
+checkpoint frame and shrink check, target resolution and the default summarizer, the
+one async function here) and the transaction's synchronous steps. The session actor
+runs the transaction (``SessionHandle.compact_region``); the policies that decide when
+it runs live in ``harness.agent`` (``AgentCompaction``). See docs/compaction.md.
 """
 
 from harness.compaction._config import (
@@ -50,6 +51,7 @@ from harness.compaction._summarize import (
     resolve_summary_target,
     summarize,
 )
+from harness.compaction._transaction import CompactionResult, LockState, error_chain, lock_state
 
 __all__ = [
     "COMPACTION_INSTRUCTION",
@@ -59,6 +61,8 @@ __all__ = [
     "BasicCompactionConfig",
     "CompactableRange",
     "CompactionPolicy",
+    "CompactionResult",
+    "LockState",
     "Measurement",
     "ModelPolicy",
     "NodeTokens",
@@ -74,11 +78,13 @@ __all__ = [
     "estimate_header",
     "estimate_message",
     "estimate_system",
+    "error_chain",
     "estimate_tools",
     "frame_checkpoint",
     "is_compact_checkpoint_source",
     "load_basic_compaction_config",
     "load_tool_result_prune_config",
+    "lock_state",
     "measure",
     "prune_content",
     "prune_session",
