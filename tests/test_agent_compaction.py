@@ -432,3 +432,38 @@ async def test_model_catalog() -> None:
     assert await catalog.resolve_model_info("q", "m") == ModelInfo("q", "m", None)
     with pytest.raises(ValueError, match="must be a positive integer"):
         ModelCatalog({("p", "m"): 0})
+
+
+async def test_compact_command_cancelled_during_the_flush_is_still_answered(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # Found by `harness chaos compact-command`: with several flush listeners the flush
+    # ran them in a nursery, and a cancellation came out as a group of Cancelled, which
+    # skipped the command's `except trio.Cancelled` and left command/run unanswered.
+    async with agent_on(replies(2), window=100_000) as (agent, compaction, _summaries):
+        store = agent.session._store
+        flushing = trio.Event()
+
+        async def slow_flush(handle: SessionHandle) -> None:
+            flushing.set()
+            await trio.sleep(10)
+
+        store.on_flush(slow_flush)
+        store.on_flush(slow_flush)
+        commands = Commands()
+        install_compact_command(commands, compaction)
+        await agent.run_turn(LONG)
+        await agent.run_turn(LONG)
+        with trio.CancelScope() as scope:
+            async with trio.open_nursery() as nursery:
+
+                async def cancel_in_flush() -> None:
+                    await flushing.wait()
+                    scope.cancel()
+
+                nursery.start_soon(cancel_in_flush)
+                await commands.run(agent, "/compact")
+        assert scope.cancelled_caught
+        done = of_type(agent.session, "command/done")
+        assert [d["text"] for _, _, d in done] == ["Compaction cancelled."]
+        assert [d.get("error") is None for _, _, d in of_type(agent.session, "compaction/end")] == [True]

@@ -66,7 +66,7 @@ def test_chaos_table_list_replay_and_usage_errors(capsys: pytest.CaptureFixture[
     assert lines[-1].endswith("s") and " 0 violation(s)" in lines[-1]
 
     code, out, _ = chaos(capsys, "--list")
-    assert code == 0 and len([ln for ln in out.splitlines() if not ln.startswith(" ")]) == len(builtin_scenarios()) == 12
+    assert code == 0 and len([ln for ln in out.splitlines() if not ln.startswith(" ")]) == len(builtin_scenarios()) == 16
     assert "agent-turn/sqlite" in out and "agent-cancel" in out
 
     code, out, _ = chaos(capsys, "--replay", "write-behind/jsonl:seed=0:k=3:eio")

@@ -134,11 +134,13 @@ class Commands:
         try:
             try:
                 result = await command.handler(CommandInvocation(agent, command_id, name, args))
-            except trio.Cancelled:
-                await self._done(agent, command_id, CommandResult("error", command.cancelled_text))
-                raise
             except Exception as exc:
                 await self._done(agent, command_id, CommandResult("error", str(exc)))
+                raise
+            except BaseException:
+                # Cancellation, however it arrives (a bare Cancelled or a group of them
+                # from a nursery below): the run is still answered in the log.
+                await self._done(agent, command_id, CommandResult("error", command.cancelled_text))
                 raise
             await self._done(agent, command_id, result)
             return result

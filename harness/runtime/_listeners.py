@@ -85,13 +85,41 @@ class Listeners:
             except Exception as exc:
                 failures[i] = exc
 
-        async with trio.open_nursery() as nursery:
-            for i, fn in enumerate(listeners):
-                nursery.start_soon(run, i, fn)
+        if len(listeners) == 1:
+            await run(0, listeners[0])  # the common case needs no nursery
+        else:
+            try:
+                async with trio.open_nursery() as nursery:
+                    for i, fn in enumerate(listeners):
+                        nursery.start_soon(run, i, fn)
+            except BaseExceptionGroup as group:
+                # run() keeps every Exception, so only cancellation gets here: the
+                # caller sees the bare Cancelled its `except trio.Cancelled` expects,
+                # not a group of them.
+                cancelled = _only_cancelled(group)
+                if cancelled is None:
+                    raise
+                raise cancelled from None
         for failure in failures:
             if failure is not None:
                 raise failure
         return True
+
+
+def _only_cancelled(group: BaseExceptionGroup[BaseException]) -> trio.Cancelled | None:
+    """The first ``Cancelled`` of a group holding nothing else, else ``None``."""
+    first: trio.Cancelled | None = None
+    for exc in group.exceptions:
+        if isinstance(exc, BaseExceptionGroup):
+            inner = _only_cancelled(exc)
+            if inner is None:
+                return None
+            first = first or inner
+        elif isinstance(exc, trio.Cancelled):
+            first = first or exc
+        else:
+            return None
+    return first
 
 
 def subscribe(items: list[Any], item: Any) -> Callable[[], None]:
