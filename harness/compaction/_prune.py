@@ -21,7 +21,8 @@ import attrs
 from harness.compaction._config import js_str
 from harness.compaction._meter import estimate_message, raw
 from harness.errors import ToolResultPruneConfigError
-from harness.session import Event, EventDraft, ReplaceOp, Session, derive_event_message, thaw
+from harness.session import Event, EventDraft, ReplaceOp, Session, thaw
+from harness.session._json import view
 
 MARKER: Final = "\n\n[... tool result middle pruned ...]\n\n"
 """Inserted once where the middle of a pruned result was dropped."""
@@ -179,7 +180,7 @@ class PruneResult:
     chars_removed: int
 
 
-def _prunable_block(data: object) -> tuple[dict[str, Any], list[Any]] | None:
+def _prunable_block(data: object) -> tuple[dict[str, Any], Sequence[Any]] | None:
     """The tool-result block of a ``tool/result``'s data and its content, if it has them.
 
     The session's replacement rule lets only the *first* block's ``content`` change,
@@ -196,7 +197,23 @@ def _prunable_block(data: object) -> tuple[dict[str, Any], list[Any]] | None:
     inner = block.get("content")
     if type(inner) is not list and type(inner) is not tuple:
         return None
-    return block, list(inner)
+    return block, inner
+
+
+def _with_content(data: Any, content: list[Any]) -> dict[str, Any]:
+    """``data`` (a stored, raw tool/result) with its tool-result block's ``content``
+    replaced: new containers along that one path, every other subtree passed as a
+    frozen view of the stored one (the session takes a view's tree as it is, without
+    copying it: stored trees are immutable)."""
+    out: dict[str, Any] = {k: view(v) for k, v in data.items()}
+    message: dict[str, Any] = {k: view(v) for k, v in data["message"].items()}
+    blocks: list[Any] = [view(b) for b in data["message"]["content"]]
+    block: dict[str, Any] = {k: view(v) for k, v in data["message"]["content"][0].items()}
+    block["content"] = content
+    blocks[0] = block
+    message["content"] = blocks
+    out["message"] = message
+    return out
 
 
 def prune_session(
@@ -251,13 +268,12 @@ def prune_session(
         new_inner = prune_content(inner, config)
         if new_inner is None:
             continue
-        event = session.event(seq)
-        data = thaw(event.data)
-        data["message"]["content"][0]["content"] = new_inner
+        data = _with_content(session.raw_data_at(seq), new_inner)
+        message = session.derive_message(seq)  # memoised: the meter priced it already
         price = {
             "shadowedRange": {"start": seq, "end": seq},
             "shadowedSeqs": [seq],
-            "shadowedTokenCount": estimate_message(derive_event_message(event)),
+            "shadowedTokenCount": 0 if message is None else estimate_message(message),
         }
         _, replacement = write(
             (
@@ -265,7 +281,7 @@ def prune_session(
                 EventDraft("tool/result", data, ReplaceOp(seq, seq), (seq,)),
             )
         )
-        before, after = text_chars(inner), text_chars(new_inner)
+        before, after = total, text_chars(new_inner)
         call_id = block.get("toolCallId")
         pruned.append(
             PrunedResult(
