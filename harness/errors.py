@@ -199,6 +199,12 @@ class FlushError(PersistenceError):
     code = "FLUSH_FAILED"
 
 
+class FlushTimeoutError(FlushError):
+    """A flush did not finish within its bound (e.g. compaction's closing flush)."""
+
+    code = "FLUSH_TIMEOUT"
+
+
 class StorageIOError(PersistenceError):
     """An operating-system or database error, translated (the original is the cause)."""
 

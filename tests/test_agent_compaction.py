@@ -32,7 +32,7 @@ from harness.agent import (
     tool,
 )
 from harness.compaction import PREAMBLE, load_basic_compaction_config
-from harness.errors import CompactionBusyError, CompactionCancelledError
+from harness.errors import CompactionBusyError, CompactionCancelledError, ManualCompactionError
 from harness.runtime import SessionHandle, open_store
 from harness.session import RelationalInvariants, thaw
 
@@ -467,3 +467,118 @@ async def test_compact_command_cancelled_during_the_flush_is_still_answered(
         done = of_type(agent.session, "command/done")
         assert [d["text"] for _, _, d in done] == ["Compaction cancelled."]
         assert [d.get("error") is None for _, _, d in of_type(agent.session, "compaction/end")] == [True]
+
+
+# -- found by review against the reference (each failed before its fix) --------------------------
+
+
+async def two_turns(agent: Agent) -> None:
+    await agent.run_turn(LONG)
+    await agent.run_turn(LONG)
+
+
+@pytest.mark.parametrize("who", ["agent", "caller"])
+async def test_a_cancel_during_the_manual_flush_waits_for_the_flush(
+    who: str, autojump_clock: trio.testing.MockClock
+) -> None:
+    # §5.4: "closed and flushed first"; a caller's abort is thrown "after close and flush".
+    async with agent_on(replies(2), window=100_000) as (agent, compaction, _summaries):
+        await two_turns(agent)
+        store = agent.session._store
+        flushing, flushed = trio.Event(), trio.Event()
+
+        async def slow_flush(handle: SessionHandle) -> None:
+            flushing.set()
+            await trio.sleep(5)
+            flushed.set()
+
+        store.on_flush(slow_flush)
+        with trio.CancelScope() as scope:
+            async with trio.open_nursery() as nursery:
+
+                async def cancel_in_flush() -> None:
+                    await flushing.wait()
+                    agent.cancel("user") if who == "agent" else scope.cancel()
+
+                nursery.start_soon(cancel_in_flush)
+                if who == "agent":
+                    with pytest.raises(CompactionCancelledError):
+                        await compaction.compact_now(agent)
+                else:
+                    await compaction.compact_now(agent)
+        assert flushed.is_set()
+        assert scope.cancelled_caught == (who == "caller")
+
+
+async def test_a_vetoed_commit_with_a_closed_bracket_is_still_flushed() -> None:
+    # §1.2 step 9: flush "if the bracket closed"; §5.4 commit: "no flush if unclosed".
+    async with agent_on(replies(2), window=100_000) as (agent, compaction, _summaries):
+        await two_turns(agent)
+        store = agent.session._store
+        flushed: list[int] = []
+
+        async def flush(handle: SessionHandle) -> None:
+            flushed.append(handle.seq)
+
+        def veto(handle: SessionHandle, events: Sequence[Any]) -> None:
+            if any(e.type == "compaction/summary" for e in events):
+                raise RuntimeError("veto the commit batch")
+
+        store.on_flush(flush)
+        store.add_pre_commit_hook(veto)
+        with pytest.raises(ManualCompactionError) as info:
+            await compaction.compact_now(agent)
+        assert info.value.kind == "commit"
+        ends = of_type(agent.session, "compaction/end")
+        assert [d["error"] for _, _, d in ends] == ["veto the commit batch"]
+        assert flushed == [agent.session.seq]
+
+
+async def test_any_flush_failure_is_the_persistence_kind() -> None:
+    async with agent_on(replies(2), window=100_000) as (agent, compaction, _summaries):
+        await two_turns(agent)
+
+        async def failing(handle: SessionHandle) -> None:
+            raise OSError("disk full")
+
+        agent.session._store.on_flush(failing)
+        commands = Commands()
+        install_compact_command(commands, compaction)
+        result = await commands.run(agent, "/compact")
+        assert (result.kind, result.text) == ("error", "Compaction finished, but the session could not be saved.")
+        assert [d.get("error") for _, _, d in of_type(agent.session, "compaction/end")] == [None]
+
+
+class CancelInside(AgentCompaction):
+    """A summarizer override that cancels its agent just before it returns."""
+
+    async def summarize(self, agent: Agent, input: Any, target: Any) -> Any:
+        output = await super().summarize(agent, input, target)
+        agent.cancel("user")
+        return output
+
+
+async def test_a_manual_run_cancelled_after_its_summary_does_not_commit() -> None:
+    # §1.2 step 7.3: manual runs re-check the signal after the summary.
+    async with agent_on(replies(2), window=100_000) as (agent, _, summarizer):
+        compaction = CancelInside(load_basic_compaction_config({}), summary_provider=summarizer)
+        await two_turns(agent)
+        surface = list(agent.session.surface())
+        with pytest.raises(CompactionCancelledError):
+            await compaction.compact_now(agent)
+        assert list(agent.session.surface()) == surface
+        assert not of_type(agent.session, "compaction/summary")
+        assert "error" in of_type(agent.session, "compaction/end")[0][2]
+
+
+async def test_pending_work_rebuilt_from_the_log_waits_for_a_waking_send() -> None:
+    async with agent_on(replies(3), window=100_000) as (agent, compaction, _summaries):
+        await two_turns(agent)
+        holder = Agent(agent.session, agent.provider)  # no nursery: the send only queues
+        await holder.send("pending follow-up")
+        resumed = Agent(agent.session, agent.provider, nursery=agent._nursery)
+        compaction.install(resumed)
+        assert await compaction.compact_now(resumed) is not None
+        await resumed.wait_idle()
+        assert len(of_type(agent.session, "turn/start")) == 2  # not started by maintenance's end
+        assert [m["content"][0]["text"] for m in resumed.inbox["next-turn"]] == ["pending follow-up"]  # type: ignore[index]

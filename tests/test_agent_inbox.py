@@ -985,3 +985,28 @@ async def test_caller_cancelled_during_pre_step_still_logs_turn_end(
         remove()
         assert (await agent.run_turn("again")).turn == 2
         check_log(s)
+
+
+async def test_cancel_right_after_a_waking_send_parks_it() -> None:
+    async with open_store(validator_factory=RelationalInvariants) as store, trio.open_nursery() as nursery:
+        s = await store.create()
+        agent = Agent(s, ScriptedProvider([[Say("one")], [Say("two")]]), nursery=nursery)
+        await agent.send("follow-up")
+        agent.cancel()  # the driver is scheduled, its turn not started yet
+        await agent.wait_idle()
+        assert types(s).count("turn/start") == 0
+        assert [m["content"][0]["text"] for m in agent.inbox["next-turn"]] == ["follow-up"]  # type: ignore[index]
+        nursery.cancel_scope.cancel()
+
+
+async def test_clearing_under_a_scheduled_driver_starts_no_empty_turn() -> None:
+    async with open_store(validator_factory=RelationalInvariants) as store, trio.open_nursery() as nursery:
+        s = await store.create()
+        provider = ScriptedProvider([[Say("one")], [Say("two")]])
+        agent = Agent(s, provider, nursery=nursery)
+        await agent.send("hello")
+        assert await agent.clear_inbox() == 1
+        await agent.wait_idle()
+        assert "turn/start" not in types(s) and provider.requests == []
+        assert await agent.run_turn("next") is not None and agent.session.last_turn() == 1
+        nursery.cancel_scope.cancel()

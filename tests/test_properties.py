@@ -125,3 +125,18 @@ def test_restored_log_reads_like_the_original(ops: list[Op], data: st.DataObject
         assert list(c.derive_messages()) == list(b.derive_messages())
         c.append("user/message", user("later"), surface_op="append")
         assert b.seq == last + 1 and c.seq == last + 3  # its end-seed, then the append
+
+
+def test_restore_indexes_nodes_appended_after_a_one_node_replace() -> None:
+    # Found by the property above: a one-node replace keeps the position index
+    # up to date, but the restore's fast path appends nodes without indexing them,
+    # so a later replace of such a node was refused on restore.
+    s = Session.create("p", clock=lambda: 1)
+    for i in range(8):
+        s.append("user/message", user(f"u{i}"), surface_op="append")
+    s.append("user/message", user("r0"), surface_op=ReplaceOp(0, 0), source_event_seqs=[0])
+    s.append("user/message", user("u9"), surface_op="append")
+    s.append("user/message", user("r8"), surface_op=ReplaceOp(9, 9), source_event_seqs=[9])
+    records = [orjson.loads(orjson.dumps(event_to_record(e))) for e in s.events]
+    r = Session.restore("p", records, {"version": 0, "id": "p", "createdAt": 1}, clock=lambda: 1)
+    assert (tuple(r.surface), r.generation) == (tuple(s.surface), s.generation)

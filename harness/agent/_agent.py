@@ -71,6 +71,10 @@ class TurnResult:
         return str(self.reason["kind"])
 
 
+class _NothingQueued(Exception):
+    """The driver found the inbox emptied before its claim: no turn starts."""
+
+
 class _Step:
     """What the current step has logged (for closing it on abort or error)."""
 
@@ -150,6 +154,9 @@ class Agent:
         self._inbox_lock = trio.Lock()
         self._driver: trio.Event | None = None  # set when the running driver exits
         self._parked = False  # a cancel parks queued work until the next waking send
+        # A waking send arrived while a turn or maintenance ran: start the driver when
+        # it ends. Work merely pending (e.g. rebuilt on resume) waits for a waking send.
+        self._latched = False
 
     @property
     def id(self) -> str:
@@ -180,11 +187,19 @@ class Agent:
         cause wins. Queued inbox work is parked (kept, not started) until the next
         waking :meth:`send`; :meth:`clear_inbox` drops it."""
         if self._scope is None:
+            if self._driver is not None:
+                self._parked = True  # the driver is scheduled: it starts no turn
             return
         if self._cause is None:
             self._cause = {"kind": kind}
         self._parked = True
         self._scope.cancel()
+
+    def cancel_requested(self) -> bool:
+        """Whether :meth:`cancel` was called on the running turn or maintenance task
+        (its cancellation may not have reached a checkpoint yet)."""
+        scope = self._scope
+        return scope is not None and scope.cancel_called
 
     def in_turn(self) -> bool:
         """Whether the current task is the running turn (or maintenance task) or one
@@ -274,15 +289,24 @@ class Agent:
 
         Cancellation: as :meth:`run_turn`, for the turn running when it comes.
         """
-        results: list[TurnResult] = []
         self._parked = False
+        return await self._drain()
+
+    async def _drain(self) -> list[TurnResult]:
+        results: list[TurnResult] = []
         while self._inbox.wakes() and not self.disposed and not self._parked:
-            results.append(await self._run(None))
+            self._latched = False  # the drain takes whatever was sent meanwhile
+            result = await self._run(None)
+            if result is not None:
+                results.append(result)
         return results
 
     def _wake(self) -> None:
-        if self._phase != "idle" or self._driver is not None or self.disposed or self._nursery is None:
-            return  # a running turn or maintenance picks the work up when it ends
+        if self._phase != "idle":
+            self._latched = True  # a waking send during a turn or maintenance: at its end
+            return
+        if self._driver is not None or self.disposed or self._nursery is None:
+            return
         if not self._inbox.wakes():
             return
         done = self._driver = trio.Event()
@@ -292,10 +316,17 @@ class Agent:
             self._driver = None
             done.set()
 
+    def _wake_latched(self) -> None:
+        latched, self._latched = self._latched, False
+        if latched and not self._parked:
+            self._wake()
+
     async def _drive(self, done: trio.Event) -> None:
         try:
-            if self._phase == "idle":  # else a direct turn started first: its end wakes us
-                await self.run_queued()
+            if self._phase == "idle":
+                await self._drain()
+            else:
+                self._latched = True  # a direct turn started first: its end wakes us
         except (HarnessError, ActorError) as exc:
             # The session went away under the queued work: it stays in the log.
             log.warning('agent "%s": queued work stopped: %s', self.id, exc)
@@ -347,8 +378,7 @@ class Agent:
             self._turn_task = None
             self._phase = "idle"
             self._idle.set()
-            if not self._parked:
-                self._wake()
+            self._wake_latched()
 
     # -- a turn ------------------------------------------------------------------------
 
@@ -364,9 +394,11 @@ class Agent:
         ``user`` unless one was given) in a shielded cleanup, then ``Cancelled``
         propagates. Either way ``turn/end`` is in the log before this returns.
         """
-        return await self._run(_user_message(text))
+        result = await self._run(_user_message(text))
+        assert result is not None  # a direct prompt is always claimed
+        return result
 
-    async def _run(self, prompt: dict[str, Any] | None) -> TurnResult:
+    async def _run(self, prompt: dict[str, Any] | None) -> TurnResult | None:
         if self.disposed:
             raise AgentDisposedError(f'agent "{self.id}" is disposed', session_id=self.id)
         if self.busy:
@@ -391,8 +423,8 @@ class Agent:
             self._phase = "idle"
             self._idle.set()
             self._notify("idle")
-            if prompt is not None and not self._parked:
-                self._wake()  # work queued while a direct turn ran
+            if prompt is not None:
+                self._wake_latched()  # work sent while a direct turn ran
 
     def _notify(self, status: Status) -> None:
         for listener in list(self.hooks.status):
@@ -409,6 +441,8 @@ class Agent:
             drafts: list[EventDraft] = []
             claimed: list[dict[str, Any]] = []
             changes: list[tuple[Target, int, int, list[dict[str, Any]]]] = []
+            if first and prompt is None and not self._inbox.next_turn and not self._inbox.next_step:
+                raise _NothingQueued  # cleared under the driver's feet: no turn at all
             if first and prompt is not None:
                 # A direct prompt is recorded like a send, and claimed at once.
                 drafts.append(splice_draft("next-turn", 0, 0, [prompt]))
@@ -432,7 +466,7 @@ class Agent:
                 self._inbox.apply(*change)
             return claimed
 
-    async def _turn(self, turn: int, prompt: dict[str, Any] | None, scope: trio.CancelScope) -> TurnResult:
+    async def _turn(self, turn: int, prompt: dict[str, Any] | None, scope: trio.CancelScope) -> TurnResult | None:
         steps: list[_Step] = []
         outcome: dict[str, Any] | None = None
         started = False
@@ -451,6 +485,9 @@ class Agent:
                     outcome = await self._run_step(turn, step, claimed)
                     if outcome is not None and outcome["kind"] == "completed" and self._inbox.steered():
                         outcome = None  # a steer arrived: one more step for it
+        except _NothingQueued:
+            self._last_turn = turn - 1  # the number was never used
+            return None
         except ProviderError as exc:
             outcome = {"kind": "error", "error": {"message": str(exc), "code": exc.code}}
             if exc.status is not None:

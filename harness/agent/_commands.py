@@ -17,6 +17,7 @@ import attrs
 import trio
 
 from harness.agent._agent import Agent
+from harness.compaction._summarize import is_blank
 from harness.errors import HarnessError, ManualCompactionError
 
 if TYPE_CHECKING:
@@ -65,12 +66,14 @@ class Command:
 
 
 def parse_command(line: str) -> tuple[str, str]:
-    """``"/compact now"`` -> ``("compact", " now")``: the name, and the raw suffix."""
-    text = line.lstrip()
-    if not text.startswith("/") or len(text) == 1 or text[1].isspace():
+    """``"/compact now"`` -> ``("compact", " now")``: the name, and the raw suffix.
+    Whitespace is JavaScript's (``String.prototype.trim``), as the reference's."""
+    start = next((i for i, ch in enumerate(line) if not is_blank(ch)), len(line))
+    text = line[start:]
+    if not text.startswith("/") or len(text) == 1 or is_blank(text[1]):
         raise CommandError(f"not a command: {line!r} (commands look like /name)")
     body = text[1:]
-    end = next((i for i, ch in enumerate(body) if ch.isspace()), len(body))
+    end = next((i for i, ch in enumerate(body) if is_blank(ch)), len(body))
     return body[:end], body[end:]
 
 
@@ -128,10 +131,13 @@ class Commands:
         if args:
             record["args"] = args
         record["source"] = {"kind": "user"}
-        await agent.session.append("command/run", record)
+        # Counted before the first checkpoint: aclose() waits for every run that got
+        # past its closed check, including one still appending its command/run.
         self._running += 1
-        self._settled = trio.Event() if self._running == 1 else self._settled
+        if self._running == 1:
+            self._settled = trio.Event()
         try:
+            await agent.session.append("command/run", record)
             try:
                 result = await command.handler(CommandInvocation(agent, command_id, name, args))
             except Exception as exc:
@@ -187,7 +193,7 @@ def compact_command(compaction: AgentCompaction) -> CommandHandler:
     """The ``/compact`` handler: no arguments; manual compaction of the agent."""
 
     async def handler(invocation: CommandInvocation) -> CommandResult:
-        if invocation.raw_input.strip():
+        if not is_blank(invocation.raw_input):  # the reference's rawInput.trim()
             return CommandResult("error", "Usage: /compact (no arguments)")
         try:
             result = await compaction.compact_now(invocation.agent, source_command_id=invocation.command_id)

@@ -258,6 +258,7 @@ class AgentCompaction:
                 manual=True,
                 source_command_id=source_command_id,
                 flush=True,
+                abort_check=agent.cancel_requested,
             )
 
         try:

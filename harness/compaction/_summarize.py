@@ -136,12 +136,12 @@ class SummaryOutput:
 
 # JavaScript's String.prototype.trim() whitespace: WhiteSpace (incl. BOM and Zs) plus
 # LineTerminator. Python's str.strip() differs (it keeps U+FEFF, strips U+001C..1F).
-_JS_SPACE: Final = frozenset("\t\n\v\f\r \u00a0\u1680\u2028\u2029\u202f\u205f\u3000\ufeff")
+JS_SPACE: Final = frozenset("\t\n\v\f\r \u00a0\u1680\u2028\u2029\u202f\u205f\u3000\ufeff")
 
 
 def is_blank(text: str) -> bool:
     """True when ``text.trim()`` would be empty in JavaScript."""
-    return all(c in _JS_SPACE or unicodedata.category(c) == "Zs" for c in text)
+    return all(c in JS_SPACE or unicodedata.category(c) == "Zs" for c in text)
 
 
 def instruction_message() -> FrozenDict:

@@ -32,7 +32,17 @@ class CompactionTicket:
     """The caller's side of one open compaction: resolved exactly once, when the
     bracket closes (committed or not)."""
 
-    __slots__ = ("_done", "_scope", "cancel_reason", "compaction_id", "failure", "result", "stage")
+    __slots__ = (
+        "_done",
+        "_scope",
+        "abort_check",
+        "cancel_reason",
+        "closed",
+        "compaction_id",
+        "failure",
+        "result",
+        "stage",
+    )
 
     def __init__(self, compaction_id: str) -> None:
         self.compaction_id = compaction_id
@@ -42,6 +52,10 @@ class CompactionTicket:
         self.failure: BaseException | None = None
         self.stage = "summary"
         self.cancel_reason: object = None
+        # Whether the bracket got its end (success or error): only then is a manual
+        # run's flush due (§1.2 step 9; a failed error end leaves it open).
+        self.closed = False
+        self.abort_check: Callable[[], bool] | None = None
 
     async def wait(self) -> None:
         """Wait until the bracket is closed. Cancellation: only the wait."""
@@ -53,10 +67,12 @@ class CompactionTicket:
             self.cancel_reason = reason
         self._scope.cancel()
 
-    def resolve(self, result: CompactionResult | None, failure: BaseException | None, stage: str) -> None:
+    def resolve(
+        self, result: CompactionResult | None, failure: BaseException | None, stage: str, *, closed: bool
+    ) -> None:
         if self._done.is_set():
             return
-        self.result, self.failure, self.stage = result, failure, stage
+        self.result, self.failure, self.stage, self.closed = result, failure, stage, closed
         self._done.set()
 
 

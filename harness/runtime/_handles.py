@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, final
 
 import trio
@@ -11,7 +10,11 @@ import trio
 from actors import ActorCrashedError, ActorRef, ActorStoppedError, run_bounded
 from harness.compaction import PruneResult, ToolResultPruneConfig
 from harness.compaction._transaction import CompactionResult, Stability
-from harness.errors import HarnessError, ManualCompactionError, SessionNotLiveError
+from harness.errors import (
+    FlushTimeoutError,
+    ManualCompactionError,
+    SessionNotLiveError,
+)
 from harness.runtime._compaction import CLOSE_GRACE, CompactionTicket, Summarizer, outcome
 from harness.runtime._messages import (
     Append,
@@ -202,6 +205,7 @@ class SessionHandle:
         stability: Stability | None = None,
         source_command_id: str | None = None,
         flush: bool = False,
+        abort_check: Callable[[], bool] | None = None,
     ) -> CompactionResult:
         """Compact the surface span ``start..end`` (seqs, inclusive): one bracket owned
         by the session actor (compaction reference §1).
@@ -222,6 +226,12 @@ class SessionHandle:
         ``summary``, ``commit``, ``persistence``); the lock check raises
         ``ManualCompactionError("busy")`` on every path.
 
+        ``abort_check`` (manual runs) is asked once the summary is in, before the
+        commit (§1.2 step 7.3): if it answers True the run is treated as cancelled and
+        the bracket closes with an error end, the conversation unchanged (the manual
+        compaction passes "the agent was cancelled", whose cancel reaches this call
+        only at the caller's next checkpoint, after the actor may have committed).
+
         Cancellation: cancelled before the actor took the request, nothing happened.
         After, the summarizer is cancelled, the bracket is closed with an error end
         (the caller waits for that, shielded, bounded), and then ``Cancelled``
@@ -231,31 +241,46 @@ class SessionHandle:
         if stability is None:
             stability = "selected-span" if manual else "whole-surface"
         ticket: CompactionTicket = await self._call(
-            CompactBegin(start, end, summarizer, manual, stability, source_command_id)
+            CompactBegin(start, end, summarizer, manual, stability, source_command_id, abort_check)
         )
         try:
             await ticket.wait()
         except trio.Cancelled:
             ticket.cancel("caller cancelled")
             await run_bounded(ticket.wait, CLOSE_GRACE, shield=True)
-            if flush and ticket._done.is_set() and (ticket.failure is None or ticket.stage != "commit"):
+            if flush and ticket.closed:
                 # The reference throws the caller's reason only after close *and* flush.
-                with trio.CancelScope(shield=True), contextlib.suppress(HarnessError):
-                    await run_bounded(self.flush, CLOSE_GRACE)
+                await self._flush_closed()
             raise
-        flush_error: HarnessError | None = None
-        if flush and (ticket.failure is None or ticket.stage != "commit"):
-            # The bracket closed (committed or with an error end): make it durable.
-            try:
-                await self.flush()
-            except HarnessError as exc:
-                flush_error = exc
+        flush_error = await self._flush_closed() if flush and ticket.closed else None
+        # A cancellation that arrived during the (shielded) flush is delivered now:
+        # the caller's own cancellation always wins, unwrapped (§1.2 step 10).
+        await trio.lowlevel.checkpoint_if_cancelled()
         result = outcome(ticket, manual=manual, session_id=self.id)
         if flush_error is not None:
             raise ManualCompactionError.of(
                 "persistence", "manual compaction durability checkpoint failed", cause=flush_error, session_id=self.id
             )
         return result
+
+    async def _flush_closed(self) -> BaseException | None:
+        """Flush a closed bracket, shielded (a cancellation must not cut the durability
+        checkpoint short) and bounded by :data:`CLOSE_GRACE`; return what failed."""
+        failure: BaseException | None = None
+
+        async def flush() -> None:
+            nonlocal failure
+            try:
+                await self.flush()
+            except Exception as exc:  # any rejection is the `persistence` class (§5.4)
+                failure = exc
+
+        if not await run_bounded(flush, CLOSE_GRACE, shield=True):
+            failure = FlushTimeoutError(
+                f'session "{self.id}": the compaction flush did not finish within {CLOSE_GRACE:g} s',
+                session_id=self.id,
+            )
+        return failure
 
     async def prune(self, config: ToolResultPruneConfig) -> PruneResult:
         """Phase one of compaction (reference §4) in the session actor: one priced

@@ -36,6 +36,9 @@ class CompactBegin:
     manual: bool
     stability: str
     source_command_id: str | None
+    # Manual runs: asked after the summary, before the commit (§1.2 step 7.3); True
+    # means "cancelled": the bracket closes with an error end instead.
+    abort_check: Any = None  # Callable[[], bool] | None
 
 
 @attrs.frozen

@@ -22,6 +22,7 @@ from harness.errors import (
     InvalidBoundaryError,
     OpenTurnError,
     SessionNotLiveError,
+    SummaryCancelledError,
     SurfaceChangedError,
 )
 from harness.runtime._compaction import CompactionTicket, Summarizer, run_summarizer
@@ -121,6 +122,7 @@ class SessionActor(Actor[Any]):
                     session_id=self.session.id,
                 ),
                 "commit",
+                closed=False,
             )
         self._compactions.clear()
 
@@ -137,6 +139,7 @@ class SessionActor(Actor[Any]):
         )
         txn.start_seq = self._append((start,))[0].seq
         ticket = CompactionTicket(txn.compaction_id)
+        ticket.abort_check = message.abort_check if message.manual else None
         self._compactions[txn.compaction_id] = (txn, ticket)
         try:
             prepare(self.session, txn)
@@ -158,6 +161,15 @@ class SessionActor(Actor[Any]):
             return  # already closed
         txn, ticket = entry
         failure = message.failure
+        if ticket.cancel_reason is None and ticket.abort_check is not None and ticket.abort_check():
+            ticket.cancel_reason = "cancelled before the commit"
+        if failure is None and txn.turn is None and ticket.cancel_reason is not None:
+            # §1.2 step 7.3: a manual run (standalone, owner null) re-checks its
+            # cancellation after the summary, so a cancelled /compact never rewrites
+            # the conversation.
+            failure = SummaryCancelledError(
+                f"compaction {txn.compaction_id} cancelled: {ticket.cancel_reason}", session_id=self.session.id
+            )
         if failure is None:
             try:
                 check_stable(self.session, txn)
@@ -172,7 +184,7 @@ class SessionActor(Actor[Any]):
             self._close(txn, ticket, exc.error if isinstance(exc, Rejected) else exc, "commit")
             return
         del self._compactions[txn.compaction_id]
-        ticket.resolve(result_of(txn, events, message.output), None, "commit")
+        ticket.resolve(result_of(txn, events, message.output), None, "commit", closed=True)
 
     def _close(self, txn: Transaction, ticket: CompactionTicket, failure: BaseException, stage: str) -> None:
         """One attempt at the error end (§1.2 step 8); a failing end is a ``commit``
@@ -183,9 +195,9 @@ class SessionActor(Actor[Any]):
         except (HarnessError, Rejected) as exc:
             close_error = exc.error if isinstance(exc, Rejected) else exc
             close_error.__cause__ = failure
-            ticket.resolve(None, close_error, "commit")
+            ticket.resolve(None, close_error, "commit", closed=False)
             return
-        ticket.resolve(None, failure, stage)
+        ticket.resolve(None, failure, stage, closed=True)
 
     def _fork(self, message: ForkPrefix) -> Session:
         boundary = check_fork_boundary(self.session, message.boundary)

@@ -376,12 +376,19 @@ class Session:
             cols.kinds.append,
         )
         interned = INTERNED.get
+
+        def seed_record(i: int, rec: Any) -> None:
+            # The fast path appends nodes without indexing them: the slow path's
+            # replace must find every node, so the index is rebuilt on its demand.
+            surface._pos = None
+            self._seed_record(i, rec)
+
         message_types = MESSAGE_TYPES
         safe = SAFE_INT_MAX
         message_ok = _message_ok
         for i, rec in enumerate(records):
             if type(rec) is not dict:
-                self._seed_record(i, rec)
+                seed_record(i, rec)
                 continue
             t = rec.get("type")
             seq = rec.get("seq")
@@ -395,12 +402,12 @@ class Session:
                 or not -safe <= tm <= safe
                 or type(t) is not str
             ):
-                self._seed_record(i, rec)
+                seed_record(i, rec)
                 continue
             n = len(rec)
             if t in message_types:
                 if n != 5 or rec.get("surfaceOp") != APPEND or not message_ok(t, data):
-                    self._seed_record(i, rec)
+                    seed_record(i, rec)
                     continue
                 push_node(i)
                 kind = APPEND_OP
@@ -409,7 +416,7 @@ class Session:
                     self._note_type(t, i)
                 kind = NO_OP
             else:
-                self._seed_record(i, rec)
+                seed_record(i, rec)
                 continue
             push_type(interned(t, t))
             push_time(tm)
