@@ -229,6 +229,25 @@ class SessionIdInUseError(SessionLogExistsError, SessionAlreadyExistsError):
         self.path = path
 
 
+class PersistenceArgumentError(PersistenceError):
+    """A persistence call got an argument it cannot take (metadata or an event batch
+    that is not losslessly JSON, a bad ``from_seq``, a bad envelope)."""
+
+    code = "INVALID_ARGUMENT"
+
+
+class SessionTrackedError(PersistenceError):
+    """``create`` of an id this persistence already tracks, prepares or has live."""
+
+    code = "SESSION_ALREADY_EXISTS"
+
+
+class RawArtifactsUnsupportedError(PersistenceError):
+    """The backend keeps no per-session artifact ``read_raw`` could return."""
+
+    code = "RAW_ARTIFACTS_UNSUPPORTED"
+
+
 class RecordEncodingError(PersistenceError):
     """A buffered event cannot be encoded for storage (e.g. an integer beyond 64 bits)."""
 

@@ -17,6 +17,7 @@ from harness.persistence._coordinator import (
 )
 from harness.persistence._files import OsFiles
 from harness.persistence._jsonl import JsonlBackend, encode_segment, project_key
+from harness.persistence._service import SessionInspection
 from harness.persistence._sqlite import SqliteBackend
 
 __all__ = [
@@ -25,6 +26,7 @@ __all__ = [
     "JsonlBackend",
     "OsFiles",
     "Persistence",
+    "SessionInspection",
     "SessionPreparation",
     "SqliteBackend",
     "StoredLog",

@@ -23,6 +23,7 @@ from harness.errors import (
     SessionNotLiveError,
 )
 from harness.persistence._backend import Backend, StoredLog, WriterLease
+from harness.persistence._service import ServiceMixin
 from harness.persistence._writer import (
     Leftover,
     SessionWriter,
@@ -98,7 +99,7 @@ class SessionPreparation:
 
 
 @final
-class Persistence:
+class Persistence(ServiceMixin):
     """Durable sessions for one store. Get one with :func:`open_persistence`.
 
     The store's listeners feed it: ``created`` starts a writer for the session (or
@@ -123,6 +124,7 @@ class Persistence:
         self._unrecoverable: list[BaseException] = []
         # id -> every incarnation still retiring, oldest first.
         self._retirements: dict[str, list[tuple[SessionWriter, trio.Event]]] = {}
+        self._init_service()
         self._unsubscribe = [
             store.on_created(self._on_created),
             store.on_event(self._on_event),

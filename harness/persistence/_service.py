@@ -1,0 +1,350 @@
+"""The persistence service surface without a live session (reference §2.1, §2.3, §2.8).
+
+``create``/``append`` write envelope events for a session id that no live session owns;
+``inspect``/``read_from``/``list_snapshots`` read without changing storage; ``locate``
+and ``read_raw`` expose where and what a backend stores. Mixed into
+:class:`~harness.persistence.Persistence`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import attrs
+import trio
+
+from harness.errors import (
+    HarnessError,
+    PersistedSessionNotFoundError,
+    PersistenceArgumentError,
+    PersistenceError,
+    RawArtifactsUnsupportedError,
+    SessionFormatUnsupportedError,
+    SessionLiveError,
+    SessionLogExistsError,
+    SessionTrackedError,
+)
+from harness.persistence._backend import StoredLog, header_record
+from harness.session import FrozenDict, event_to_record, freeze
+from harness.session._events import is_nonneg_safe_int, valid_envelope
+from harness.session._header import snapshot_header
+from harness.session._json import try_snapshot_raw
+
+if TYPE_CHECKING:
+    from harness.persistence._backend import Backend
+    from harness.runtime import Store
+
+log = logging.getLogger("harness.persistence")
+
+
+@attrs.frozen
+class SessionInspection:
+    """A read-only view of a session: its header record (``meta``) and its events as
+    records (frozen). Cold: the stored events plus the crash-repair closers a load would
+    append (not written); no ``session/end-seed``. Live: the live log as it is."""
+
+    meta: FrozenDict
+    events: tuple[FrozenDict, ...]
+
+
+@attrs.define
+class _EnvelopeState:
+    """A session id written through :meth:`ServiceMixin.append` (no live session)."""
+
+    meta: dict[str, Any]  # the header record
+    cursor: int  # stored length
+    materialized: bool
+
+
+class ServiceMixin:
+    """The envelope-level service. Expects ``backend``, ``store``, ``_reserved``,
+    ``_writers``, ``_wait_retired``, ``_check_and_repair`` and ``_refuse_unknown`` from
+    :class:`Persistence`."""
+
+    backend: Backend
+    store: Store
+    _reserved: dict[str, Any]
+    _writers: dict[str, Any]
+
+    def _init_service(self) -> None:
+        self._states: dict[str, _EnvelopeState] = {}
+        self._chains: dict[str, trio.Lock] = {}
+
+    # Supplied by Persistence (which overrides these).
+    async def _wait_retired(self, session_id: str, me: Any = None) -> None:  # pragma: no cover
+        raise NotImplementedError
+
+    def _check_and_repair(self, session_id: str, stored: StoredLog) -> tuple[list[Any], list[Any]]:  # pragma: no cover
+        raise NotImplementedError
+
+    def _refuse_unknown(self, session_id: str, records: list[Any]) -> None:  # pragma: no cover
+        raise NotImplementedError
+
+    def _chain(self, session_id: str) -> trio.Lock:
+        """Per-id FIFO serialisation of envelope operations (Trio's lock is fair)."""
+        lock = self._chains.get(session_id)
+        if lock is None:
+            lock = self._chains[session_id] = trio.Lock()
+        return lock
+
+    async def _is_live(self, session_id: str) -> bool:
+        return session_id in self._writers or await self.store.get(session_id) is not None
+
+    # -- create / append (§2.3) --------------------------------------------------------
+
+    async def create(self, meta: object) -> None:
+        """Start tracking a new session id for :meth:`append`. Nothing is written until
+        the first non-empty append (the id is absent from :meth:`list` until then).
+
+        Raises :class:`PersistenceArgumentError` for metadata that is not losslessly
+        JSON or whose ``createdAt`` is not a non-negative safe integer (and the header
+        rules for the rest), :class:`SessionTrackedError` when the id is already
+        tracked, prepared or live here, :class:`SessionLogExistsError` when it is
+        stored.
+
+        Cancellation: cancelled while waiting for the id's earlier operations, nothing
+        happened; the storage probe runs on a worker thread and is not abandoned.
+        """
+        ok, raw = try_snapshot_raw(meta)
+        if not ok or type(raw) is not dict:
+            raise PersistenceArgumentError("session metadata must be losslessly JSON-serializable")
+        if not is_nonneg_safe_int(raw.get("createdAt")):
+            raise PersistenceArgumentError("session metadata createdAt must be a non-negative safe integer")
+        sid = raw.get("id")
+        try:
+            header = snapshot_header(raw, sid if type(sid) is str else "")
+        except HarnessError as exc:
+            raise PersistenceArgumentError(f"session metadata is not a valid session header: {exc}") from exc
+        sid = header.id
+        async with self._chain(sid):
+            if sid in self._states or sid in self._reserved or await self._is_live(sid):
+                raise SessionTrackedError(f'session "{sid}" already exists in this backend', session_id=sid)
+            if await trio.to_thread.run_sync(self.backend.revision, sid) is not None:
+                raise SessionLogExistsError(
+                    f'session "{sid}" already has a persisted log on disk; load/resume it instead of creating',
+                    session_id=sid,
+                )
+            self._states[sid] = _EnvelopeState(header_record(header.to_record()), 0, False)
+
+    async def append(self, session_id: str, events: Sequence[object]) -> None:
+        """Append envelope events (``{type, seq, time, data, surfaceOp?,
+        sourceEventSeqs?, ignorable?}``) to a session no live session owns.
+
+        The batch is snapshotted at call time. An empty batch changes nothing (a
+        created session stays lazy). An id this service does not track is *adopted*
+        from storage first: read, crash repair made durable, then appended to. Event
+        types are not checked here (unknown types are a read-side refusal).
+
+        Raises :class:`PersistenceArgumentError` (not JSON, a bad envelope),
+        :class:`SessionFormatUnsupportedError` (legacy shapes), :class:`SessionLiveError`
+        (prepared or live here), :class:`PersistedSessionNotFoundError`,
+        :class:`PersistenceError` for a seq that does not continue the log, and the
+        backend's errors.
+
+        Cancellation: cancelled while waiting for the id's earlier operations, nothing
+        happened; once the write started on its worker thread it completes, and the
+        caller gets ``Cancelled`` after it (the log and this service agree).
+        """
+        ok, raw = try_snapshot_raw(list(events))
+        if not ok or type(raw) is not tuple:
+            raise PersistenceArgumentError(
+                "session event batch is not losslessly JSON-serializable because it contains "
+                "non-JSON-serializable data",
+                session_id=session_id,
+            )
+        batch: list[Any] = list(raw)  # fresh raw records, owned by this call
+        async with self._chain(session_id):
+            for rec in batch:
+                if not valid_envelope(rec):
+                    raise PersistenceArgumentError(
+                        f'session "{session_id}": an appended event has an invalid event envelope',
+                        session_id=session_id,
+                    )
+                _refuse_legacy(session_id, rec)
+            if not batch:
+                return
+            if session_id in self._reserved:
+                raise SessionLiveError(
+                    f'cannot append session "{session_id}" while its persisted preparation is reserved',
+                    session_id=session_id,
+                )
+            if await self._is_live(session_id):
+                raise SessionLiveError(
+                    f'cannot append session "{session_id}" while it is live; append through the live session',
+                    session_id=session_id,
+                )
+            await self._wait_retired(session_id)
+            state = self._states.get(session_id)
+            if state is None:
+                state = await trio.to_thread.run_sync(self._adopt, session_id)
+                self._states[session_id] = state
+            for i, rec in enumerate(batch):
+                if rec["seq"] != state.cursor + i:
+                    raise PersistenceError(
+                        f'append seq mismatch for "{session_id}": expected {state.cursor + i} at index {i}, '
+                        f"got {rec['seq']}",
+                        session_id=session_id,
+                    )
+            await trio.to_thread.run_sync(self._write, state, batch)
+            state.cursor += len(batch)
+            state.materialized = True
+
+    def _adopt(self, session_id: str) -> _EnvelopeState:
+        """Blocking: take a stored session for appending; its repair is made durable."""
+        stored = self.backend.load(session_id)
+        lease = self.backend.acquire_writer(stored.header)
+        try:
+            if self.backend.revision(session_id) != stored.revision:
+                stored = self.backend.load(session_id)
+            records, closers = self._check_and_repair(session_id, stored)
+            if stored.truncate_to is not None or closers:
+                self.backend.commit_repair(session_id, stored.truncate_to, closers, lease=lease)
+            return _EnvelopeState(header_record(stored.header), len(records) + len(closers), True)
+        finally:
+            lease.release()
+
+    def _write(self, state: _EnvelopeState, batch: list[dict[str, Any]]) -> None:
+        """Blocking: one whole batch under the session's writer lock."""
+        lease = self.backend.acquire_writer(state.meta)
+        try:
+            if state.materialized:
+                self.backend.append(state.meta["id"], batch, lease=lease)
+            else:
+                self.backend.materialize(state.meta, batch, lease=lease)
+        finally:
+            lease.release()
+
+    # -- reading without changing anything (§2.8) --------------------------------------
+
+    async def inspect(self, session_id: str) -> SessionInspection:
+        """The session as a load would see it, without changing storage (no repair
+        written, no lock taken, no revision change). Live here: the live log.
+
+        Cancellation: the read runs on a worker thread; its result is dropped.
+        """
+        live = await self.store.get(session_id)
+        if live is not None:
+            return SessionInspection(
+                freeze_record(header_record(live.header.to_record())),
+                tuple(freeze_record(_record(e)) for e in live.events),
+            )
+        await self._wait_retired(session_id)
+
+        def work() -> SessionInspection:
+            stored = self.backend.load(session_id)
+            records, closers = self._check_and_repair(session_id, stored)
+            return SessionInspection(
+                freeze_record(header_record(stored.header)), tuple(freeze_record(r) for r in records + closers)
+            )
+
+        return await trio.to_thread.run_sync(work)
+
+    async def read_from(self, session_id: str, from_seq: object) -> tuple[FrozenDict, ...]:
+        """The stored events with ``seq >= from_seq`` (detached, frozen; empty at or past
+        the end; a torn tail excluded; no repair closers; nothing cached or written).
+
+        Raises :class:`PersistenceArgumentError` for a ``from_seq`` that is not a
+        non-negative safe integer, :class:`PersistedSessionNotFoundError`, and the
+        format refusals (over the whole stored log, as the reference's JSONL backend).
+
+        Cancellation: the read runs on a worker thread; its result is dropped.
+        """
+        if not is_nonneg_safe_int(from_seq):
+            raise PersistenceArgumentError(
+                f"readFrom fromSeq must be a non-negative safe integer, got {from_seq!r}", session_id=session_id
+            )
+        start = int(from_seq)  # type: ignore[call-overload]
+
+        def work() -> tuple[FrozenDict, ...]:
+            stored = self.backend.load(session_id)
+            self._refuse_unknown(session_id, stored.records)
+            return tuple(freeze_record(r) for r in stored.records[start:])
+
+        return await trio.to_thread.run_sync(work)
+
+    async def list_snapshots(self) -> list[SessionInspection]:
+        """:meth:`inspect` of every stored session, in :meth:`list` order. A session
+        that cannot be read is skipped with a warning (the listing is best effort).
+
+        Cancellation: between sessions; each read runs on a worker thread."""
+        out: list[SessionInspection] = []
+        for header in await trio.to_thread.run_sync(self.backend.list_headers):
+            sid = header.get("id")
+            if type(sid) is not str:
+                continue
+            try:
+                out.append(await self.inspect(sid))
+            except (PersistenceError, SessionFormatUnsupportedError) as exc:
+                log.warning('list_snapshots: session "%s": %s', sid, exc)
+        return out
+
+    # -- artifacts (§2.1) --------------------------------------------------------------
+
+    def locate(self, meta: object) -> str | None:
+        """Where this backend stores (or would store) the session ``meta`` describes:
+        the JSONL session directory, the SQLite database file; ``None`` if it does
+        not say."""
+        ok, raw = try_snapshot_raw(meta)
+        if not ok or type(raw) is not dict or type(raw.get("id")) is not str:
+            raise PersistenceArgumentError("session metadata must be losslessly JSON-serializable")
+        session_dir = getattr(self.backend, "session_dir", None)
+        if session_dir is not None:
+            return str(session_dir(dict(raw)))
+        path = getattr(self.backend, "path", None)
+        return str(path) if path is not None else None
+
+    @property
+    def supports_raw_artifacts(self) -> bool:
+        """Whether :meth:`read_raw` can answer (a backend with per-session files)."""
+        return callable(getattr(self.backend, "locate", None))
+
+    async def read_raw(self, session_id: str) -> bytes:
+        """The raw bytes of a stored session's artifact (the JSONL transcript).
+
+        Raises :class:`RawArtifactsUnsupportedError` (``this session persistence
+        backend does not expose raw artifacts``) for a backend without one, and
+        :class:`PersistedSessionNotFoundError` for an unknown id.
+
+        Cancellation: the read runs on a worker thread; its result is dropped.
+        """
+        locate = getattr(self.backend, "locate", None)
+        if not callable(locate):
+            raise RawArtifactsUnsupportedError(
+                "this session persistence backend does not expose raw artifacts", session_id=session_id
+            )
+
+        def work() -> bytes:
+            path = locate(session_id)
+            if path is None:
+                raise PersistedSessionNotFoundError(f'session "{session_id}" not found', session_id=session_id)
+            return Path(path).read_bytes()
+
+        return await trio.to_thread.run_sync(work)
+
+
+def freeze_record(value: object) -> Any:
+    return freeze(value)
+
+
+def _record(event: Any) -> dict[str, Any]:
+    return event_to_record(event)
+
+
+def _refuse_legacy(session_id: str, rec: Any) -> None:
+    t = rec.get("type")
+    seq = rec.get("seq")
+    data = rec.get("data")
+    if t == "request/header-delta":
+        what = "request/header-delta format"
+    elif t == "mode/set":
+        what = "mode/set event"
+    elif t == "request/header" and hasattr(data, "get") and data.get("reason") == "fallback":
+        what = 'request/header reason "fallback"'
+    else:
+        return
+    raise SessionFormatUnsupportedError(
+        f'session "{session_id}" contains unsupported legacy {what} at seq {seq}', session_id=session_id
+    )

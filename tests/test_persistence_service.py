@@ -1,0 +1,150 @@
+"""The persistence service without a live session (reference §2.1, §2.3, §2.8):
+create/append with adoption, inspect, read_from, list_snapshots, locate, read_raw."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from harness.errors import (
+    PersistedSessionNotFoundError,
+    PersistenceArgumentError,
+    PersistenceError,
+    RawArtifactsUnsupportedError,
+    SessionFormatUnsupportedError,
+    SessionLiveError,
+    SessionLogExistsError,
+    SessionTrackedError,
+)
+from harness.persistence import JsonlBackend, SqliteBackend, open_persistence
+from harness.runtime import open_store
+from harness.session import thaw
+from tests.helpers import user
+
+
+def meta(sid: str = "s", **extra: Any) -> dict[str, Any]:
+    return {"version": 0, "id": sid, "createdAt": 5, **extra}
+
+
+def ev(seq: int, type_: str = "user/message", data: Any = None, **extra: Any) -> dict[str, Any]:
+    rec: dict[str, Any] = {"type": type_, "seq": seq, "time": 100 + seq, "data": user(f"m{seq}") if data is None else data}
+    if type_ == "user/message" and "surfaceOp" not in extra:
+        rec["surfaceOp"] = "append"
+    rec.update(extra)
+    return rec
+
+
+@pytest.mark.parametrize("kind", ["jsonl", "sqlite"])
+async def test_create_is_lazy_and_append_writes(tmp_path: Path, kind: str) -> None:
+    backend = JsonlBackend(tmp_path) if kind == "jsonl" else SqliteBackend(tmp_path / "db.sqlite")
+    try:
+        async with open_store() as store, open_persistence(store, backend) as p:
+            await p.create(meta(cwd="/w"))
+            assert await p.list() == []  # nothing on disk yet
+            await p.append("s", [])  # an empty batch keeps it lazy
+            assert await p.list() == []
+            await p.append("s", [ev(0), ev(1)])
+            await p.append("s", [ev(2)])
+            assert [h["id"] for h in await p.list()] == ["s"]
+            seen = await p.inspect("s")
+            assert seen.meta["createdAt"] == 5 and seen.meta["cwd"] == "/w"
+            assert [e["seq"] for e in seen.events] == [0, 1, 2]
+            assert [e["seq"] for e in await p.read_from("s", 1)] == [1, 2]
+            assert await p.read_from("s", 3) == ()
+            with pytest.raises(PersistenceError, match=r'^append seq mismatch for "s": expected 3 at index 0, got 4$'):
+                await p.append("s", [ev(4)])
+            snapshots = await p.list_snapshots()
+            assert [len(x.events) for x in snapshots] == [3]
+    finally:
+        if isinstance(backend, SqliteBackend):
+            backend.close()
+
+
+async def test_create_refusals(tmp_path: Path) -> None:
+    async with open_store() as store, open_persistence(store, JsonlBackend(tmp_path)) as p:
+        with pytest.raises(PersistenceArgumentError, match=r"^session metadata must be losslessly JSON-serializable$"):
+            await p.create({"version": 0, "id": "x", "createdAt": 1, "bad": object()})
+        with pytest.raises(
+            PersistenceArgumentError, match=r"^session metadata createdAt must be a non-negative safe integer$"
+        ):
+            await p.create({"version": 0, "id": "x", "createdAt": -1})
+        await p.create(meta("a"))
+        with pytest.raises(SessionTrackedError, match=r'^session "a" already exists in this backend$') as info:
+            await p.create(meta("a"))
+        assert info.value.code == "SESSION_ALREADY_EXISTS"
+        live = await store.create("b")
+        with pytest.raises(SessionTrackedError):
+            await p.create(meta("b"))
+        await live.append("user/message", user(), surface_op="append")
+        await live.flush()
+        await store.detach(live)
+        await p.wait_retired("b")
+        with pytest.raises(
+            SessionLogExistsError,
+            match=r'^session "b" already has a persisted log on disk; load/resume it instead of creating$',
+        ):
+            await p.create(meta("b"))
+
+
+async def test_append_refusals_and_adoption_with_durable_repair(tmp_path: Path) -> None:
+    async with open_store() as store, open_persistence(store, JsonlBackend(tmp_path)) as p:
+        with pytest.raises(PersistenceArgumentError, match=r"not losslessly JSON-serializable"):
+            await p.append("s", [{"type": "user/message", "seq": 0, "time": 1, "data": {1, 2}}])
+        with pytest.raises(PersistedSessionNotFoundError):
+            await p.append("nobody", [ev(0)])
+        with pytest.raises(SessionFormatUnsupportedError, match=r"unsupported legacy request/header-delta format at seq 0"):
+            await p.append("s", [ev(0, "request/header-delta", {})])
+        # A stored session left with an open turn (a crash): adoption repairs it durably first.
+        live = await store.create("c")
+        await live.append("turn/start", {"turn": 1})
+        await live.flush()
+        await store.detach(live)
+        await p.wait_retired("c")
+        stored = await p.inspect("c")
+        assert [e["type"] for e in stored.events][-1] == "turn/end"  # the closer, not written
+        n = len(stored.events)
+        await p.append("c", [ev(n)])
+        again = await p.read_from("c", 0)
+        assert [e["type"] for e in again] == [e["type"] for e in stored.events] + ["user/message"]
+        live2 = await store.create("d")
+        with pytest.raises(SessionLiveError, match=r'^cannot append session "d" while it is live'):
+            await p.append("d", [ev(0)])
+        del live2
+
+
+async def test_inspect_never_changes_storage(tmp_path: Path) -> None:
+    async with open_store() as store, open_persistence(store, JsonlBackend(tmp_path)) as p:
+        live = await store.create("t", cwd="/w")
+        await live.append("turn/start", {"turn": 1})
+        await live.flush()
+        seen_live = await p.inspect("t")
+        assert [e["type"] for e in seen_live.events] == ["turn/start"]
+        await store.detach(live)
+        await p.wait_retired("t")
+        path = p.backend.locate("t")  # type: ignore[attr-defined]
+        before = Path(path).read_bytes()
+        seen = await p.inspect("t")
+        assert [e["type"] for e in seen.events] == ["turn/start", "turn/end"]
+        assert thaw(seen.events[-1]["data"])["reason"] == {"kind": "interrupted"}
+        assert Path(path).read_bytes() == before  # no repair written
+        assert await p.read_raw("t") == before
+        assert p.supports_raw_artifacts
+        assert p.locate(meta("t", cwd="/w")) == str(Path(path).parent)
+        with pytest.raises(PersistenceArgumentError, match=r"^readFrom fromSeq must be a non-negative safe integer, got -1$"):
+            await p.read_from("t", -1)
+        with pytest.raises(PersistedSessionNotFoundError):
+            await p.read_raw("nobody")
+
+
+async def test_sqlite_has_no_raw_artifacts(tmp_path: Path) -> None:
+    backend = SqliteBackend(tmp_path / "db.sqlite")
+    try:
+        async with open_store() as store, open_persistence(store, backend) as p:
+            assert not p.supports_raw_artifacts
+            with pytest.raises(RawArtifactsUnsupportedError, match=r"^this session persistence backend does not expose raw artifacts$"):
+                await p.read_raw("x")
+            assert p.locate(meta("x")) == str((tmp_path / "db.sqlite").resolve())
+    finally:
+        backend.close()
