@@ -148,3 +148,36 @@ async def test_sqlite_has_no_raw_artifacts(tmp_path: Path) -> None:
             assert p.locate(meta("x")) == str((tmp_path / "db.sqlite").resolve())
     finally:
         backend.close()
+
+
+async def test_a_second_prepare_waits_for_the_first(tmp_path: Path) -> None:
+    import trio.testing
+
+    async with open_store() as store, open_persistence(store, JsonlBackend(tmp_path)) as p:
+        live = await store.create("w")
+        await live.append("user/message", user(), surface_op="append")
+        await live.flush()
+        await store.detach(live)
+        await p.wait_retired("w")
+        first = await p.prepare("w")
+        got: list[Any] = []
+        async with trio.open_nursery() as nursery:
+
+            async def second() -> None:
+                got.append(await p.prepare("w"))
+
+            nursery.start_soon(second)
+            await trio.testing.wait_all_tasks_blocked()
+            assert got == []  # waiting, not refused
+            await first.dispose()
+        assert got[0].session.id == "w"
+        await got[0].dispose()
+        # A waiter is cancellable; a published first makes it "live".
+        first = await p.prepare("w")
+        with trio.move_on_after(0.05) as scope:
+            await p.prepare("w")
+        assert scope.cancelled_caught
+        handle = await p.publish(first)
+        with pytest.raises(SessionLiveError, match=r'^cannot prepare session "w" while it is live$'):
+            await p.prepare("w")
+        await store.detach(handle)

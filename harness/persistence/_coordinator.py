@@ -267,21 +267,27 @@ class Persistence(ServiceMixin):
         """Load a stored session for writing: lock it, read it, repair it durably, and
         build the unpublished session in restore mode.
 
+        A second ``prepare`` of an id already prepared here waits (cancellably) until
+        that preparation is published or disposed.
+
         Raises :class:`SessionLiveError` if it is live here, :class:`SessionLockedError`
-        at once if another writer holds it, ``PersistedSessionNotFoundError``,
+        at once if another process's writer holds it, ``PersistedSessionNotFoundError``,
         :class:`SessionCorruptionError` or :class:`SessionFormatUnsupportedError`.
 
         Cancellation: the blocking work runs on a worker thread that is not abandoned;
         if the caller is cancelled meanwhile, the finished preparation is disposed
         (lock released) before ``Cancelled`` propagates, so nothing leaks.
         """
-        await self._wait_retired(session_id)
-        if await self.store.get(session_id) is not None:
-            raise SessionLiveError(f'cannot prepare session "{session_id}" while it is live', session_id=session_id)
-        if session_id in self._reserved:
-            raise SessionLockedError(
-                f'session "{session_id}" is already prepared in this process', session_id=session_id
-            )
+        while True:
+            await self._wait_retired(session_id)
+            if await self.store.get(session_id) is not None:
+                raise SessionLiveError(f'cannot prepare session "{session_id}" while it is live', session_id=session_id)
+            held = self._reserved.get(session_id)
+            if held is None:
+                break
+            # Another preparation of this id holds it: wait (cancellably) until it is
+            # published (then the id is live: refused above) or disposed (reference §2.6).
+            await held._released.wait()
         result: list[SessionPreparation] = []
         try:
             session, lease, cursor, repaired = await trio.to_thread.run_sync(self._prepare_sync, session_id)
