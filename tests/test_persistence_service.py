@@ -181,3 +181,32 @@ async def test_a_second_prepare_waits_for_the_first(tmp_path: Path) -> None:
         with pytest.raises(SessionLiveError, match=r'^cannot prepare session "w" while it is live$'):
             await p.prepare("w")
         await store.detach(handle)
+
+
+async def test_flush_drains_events_enqueued_while_it_runs(tmp_path: Path) -> None:
+    import threading
+
+    import trio
+
+    backend = JsonlBackend(tmp_path)
+    writing, release = threading.Event(), threading.Event()
+    materialize = backend.materialize
+
+    def slow_materialize(*args: Any, **kwargs: Any) -> None:
+        writing.set()
+        release.wait(5)
+        materialize(*args, **kwargs)
+
+    backend.materialize = slow_materialize  # type: ignore[method-assign]
+    async with open_store() as store, open_persistence(store, backend, write_delay=10) as p:
+        s = await store.create("f")
+        await s.append("user/message", user("a"), surface_op="append")
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(s.flush)
+            nursery.start_soon(s.flush)  # a second caller shares the barrier
+            await trio.to_thread.run_sync(writing.wait)
+            await s.append("user/message", user("b"), surface_op="append")  # lands during the write
+            release.set()
+        # Both flushes returned: the event enqueued during the write is durable too.
+        assert [e["seq"] for e in await p.read_from("f", 0)] == [0, 1]
+        await store.detach(s)

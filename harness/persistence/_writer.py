@@ -197,15 +197,16 @@ class SessionWriter:
     # -- writing ---------------------------------------------------------------------------
 
     async def flush(self) -> None:
-        """Barrier: everything enqueued before the call is durable when it returns.
+        """Barrier: everything enqueued before the call *and while it runs* is durable
+        when it returns (reference §2.5: concurrent callers share the barrier, and
+        events enqueued during a write are drained by the same barrier).
 
         Raises :class:`FlushError` (chained to the cause) while writes fail, and
         :class:`WriterWedgedError` for good once a write overran its bound. Cancelling
         the caller abandons the wait, never a write in progress.
         """
         self._disarm()
-        target = self.queued
-        while self.durable < target:
+        while self.durable < self.queued:
             await self._write_some()
 
     async def _write_some(self) -> None:
