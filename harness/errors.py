@@ -146,6 +146,20 @@ class SurfaceChangedError(StoreError):
     code = "SURFACE_CHANGED"
 
 
+class AsyncListenerError(StoreError):
+    """An async callable was given where the store calls listeners synchronously
+    (``created``, ``event``, ``disposed`` listeners and pre-commit hooks)."""
+
+    code = "ASYNC_LISTENER"
+
+
+class SessionArgumentError(StoreError):
+    """A store operation got the wrong kind of value (e.g. ``enter`` given a
+    :class:`~harness.session.Session` instead of its preparation)."""
+
+    code = "INVALID_SESSION_ARGUMENT"
+
+
 # --- persistence -----------------------------------------------------------------------
 
 
@@ -246,6 +260,19 @@ class RawArtifactsUnsupportedError(PersistenceError):
     """The backend keeps no per-session artifact ``read_raw`` could return."""
 
     code = "RAW_ARTIFACTS_UNSUPPORTED"
+
+
+class StorageLayoutError(PersistenceError):
+    """The root holds a session artifact this backend does not read: the other
+    encoding (a root holds one), or the obsolete flat-file layout (reference §1.1)."""
+
+    code = "STORAGE_LAYOUT_UNSUPPORTED"
+
+
+class ZstdUnavailableError(PersistenceError):
+    """``compression="zstd"`` needs the optional ``zstandard`` package, which is missing."""
+
+    code = "ZSTD_UNAVAILABLE"
 
 
 class RecordEncodingError(PersistenceError):
@@ -449,6 +476,7 @@ _MANUAL_KINDS: dict[str, type[ManualCompactionError]] = {
 
 
 __all__ = [
+    "AsyncListenerError",
     "CompactionBusyError",
     "CompactionCancelledError",
     "CompactionChangedError",
@@ -481,6 +509,7 @@ __all__ = [
     "ReentrantAppendError",
     "SessionAlreadyAnnouncedError",
     "SessionAlreadyExistsError",
+    "SessionArgumentError",
     "SessionAttachedError",
     "SessionCorruptionError",
     "SessionError",

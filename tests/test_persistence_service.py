@@ -131,7 +131,7 @@ async def test_inspect_never_changes_storage(tmp_path: Path) -> None:
         assert Path(path).read_bytes() == before  # no repair written
         assert await p.read_raw("t") == before
         assert p.supports_raw_artifacts
-        assert p.locate(meta("t", cwd="/w")) == str(Path(path).parent)
+        assert p.locate(meta("t", cwd="/w")) == str(path)
         with pytest.raises(PersistenceArgumentError, match=r"^readFrom fromSeq must be a non-negative safe integer, got -1$"):
             await p.read_from("t", -1)
         with pytest.raises(PersistedSessionNotFoundError):

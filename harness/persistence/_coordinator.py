@@ -23,7 +23,7 @@ from harness.errors import (
     SessionNotLiveError,
 )
 from harness.persistence._backend import Backend, StoredLog, WriterLease
-from harness.persistence._service import ServiceMixin
+from harness.persistence._service import ServiceMixin, refuse_legacy
 from harness.persistence._writer import (
     Leftover,
     SessionWriter,
@@ -332,7 +332,11 @@ class Persistence(ServiceMixin):
         records = stored.records
         types = list(map(dict.get, records, repeat("type")))
         if not KNOWN_EVENT_TYPES.issuperset(types):
-            self._refuse_unknown(session_id, records)
+            # Legacy shapes are refused as such before "unknown type" (§2.9 order).
+            if not _LEGACY_TYPES.isdisjoint(types):
+                for rec in records:
+                    refuse_legacy(session_id, rec, self._raw_log(stored))
+            self._refuse_unknown(session_id, records, stored)
         last_marker = max(_last_index_of(types, "turn/start"), _last_index_of(types, "turn/end"))
         if last_marker < 0:
             return records, []  # no turn was ever started: nothing to close
@@ -345,14 +349,21 @@ class Persistence(ServiceMixin):
             ) from exc
         return records, closers
 
-    def _refuse_unknown(self, session_id: str, records: list[Any]) -> None:
+    def _raw_log(self, stored: StoredLog | None) -> str:
+        """`` (raw log: <path>)`` for a backend with per-session files, else ``""``."""
+        log_path = getattr(self.backend, "log_path", None)
+        if stored is None or log_path is None:
+            return ""
+        return f" (raw log: {log_path(stored.header)})"
+
+    def _refuse_unknown(self, session_id: str, records: list[Any], stored: StoredLog | None = None) -> None:
         for rec in records:
             t = rec.get("type")
             if t not in KNOWN_EVENT_TYPES and type(t) is str and rec.get("ignorable") is not True:
                 raise SessionFormatUnsupportedError(
                     f'session "{session_id}" contains event type "{t}" (seq {rec.get("seq")}) unknown to '
                     "this harness and not marked ignorable; refusing to interpret the log — it was "
-                    "likely written by a newer harness",
+                    f"likely written by a newer harness{self._raw_log(stored)}",
                     session_id=session_id,
                 )
 
@@ -474,6 +485,9 @@ class Persistence(ServiceMixin):
             await prep.dispose()
         if errors:
             raise PersistenceError(f"{self.backend.name}: closing failed: {errors[0]}") from errors[0]
+
+
+_LEGACY_TYPES = frozenset({"request/header-delta", "mode/set", "steering/message"})
 
 
 def _last_index_of(items: list[Any], value: str) -> int:

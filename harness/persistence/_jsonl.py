@@ -1,41 +1,58 @@
 """The JSONL backend, the embedded default: one directory, no server (reference §1).
 
 Layout: ``<root>/--<projectKey(cwd)>--/<encodeSegment(id)>/session.jsonl`` (``_no-cwd``
-when a session has no cwd). Line 1 is the header; every further line is one event or
-one packed chunk row. All methods block: call them from a worker thread.
+when a session has no cwd), or ``session.jsonl.zstd`` with ``compression="zstd"``
+(reference §1.3, see :mod:`._zstd`). Line 1 is the header; every further line is one
+event or one packed chunk row. All methods block: call them from a worker thread.
 """
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
 import os
 import secrets
 import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, Literal
 
 import attrs
 import orjson
 
 from harness.errors import (
     PersistedSessionNotFoundError,
+    PersistenceArgumentError,
+    PersistenceError,
     RecordEncodingError,
     SessionCorruptionError,
+    SessionFormatUnsupportedError,
     SessionIdInUseError,
     SessionLockedError,
     SessionLogExistsError,
     StorageIOError,
+    StorageLayoutError,
     StorageRowError,
 )
 from harness.persistence._backend import StoredLog, WriterLease, check_header_record, header_line
 from harness.persistence._files import OsFiles
+from harness.persistence._zstd import (
+    ZstdCodec,
+    check_header_frame,
+    load_codec,
+    read_header_frame,
+    scan_frames,
+)
 from harness.session import decode_storage_record, gc_paused, pack_chunk_runs
 from harness.session._chunks import ROW_TAGS
 
 TRANSCRIPT: Final = "session.jsonl"
+TRANSCRIPT_ZSTD: Final = "session.jsonl.zstd"
+COMPRESSIONS: Final = ("none", "zstd")
+#: The reference's ``compression`` option: ``"zstd"`` needs the optional ``zstandard``.
+Compression = Literal["none", "zstd"]
 LOCKFILE: Final = "writer.lock"
 ROOT_LOCKFILE: Final = ".root.lock"  # not a directory: listing and lookup skip it
 ROOT_LOCK_TIMEOUT: Final = 10.0
@@ -84,6 +101,10 @@ def project_key(cwd: str) -> str:
     return f"--{slug[:251]}--"
 
 
+def _suffix(compression: str) -> str:
+    return ".jsonl.zstd" if compression == "zstd" else ".jsonl"
+
+
 class JsonlBackend:
     """Sessions as JSONL files under ``root``. Blocking; thread-compatible per session.
 
@@ -96,6 +117,13 @@ class JsonlBackend:
     write checks, under the ``flock`` on ``<root>/.root.lock``, that no project
     directory holds the id yet.
 
+    Encodings (reference §1.3): ``compression="none"`` (the default here) writes plain
+    ``session.jsonl``; ``"zstd"`` writes ``session.jsonl.zstd``, one checksummed
+    Zstandard frame for the header and one per batch (needs the optional
+    ``zstandard`` package: :class:`~harness.persistence._zstd.ZstdUnavailableError` at
+    construction without it). A root holds one encoding: an artifact of the other one,
+    or of the obsolete flat layout, is refused with :class:`StorageLayoutError`.
+
     Every mutating file operation goes through ``files`` (see :mod:`._files`); reads
     are direct. A failed rollback or a failed directory fsync is remembered by this
     instance and settled by its next write to that session (see :meth:`append`,
@@ -104,16 +132,35 @@ class JsonlBackend:
 
     name = "jsonl"
 
-    def __init__(self, root: str | os.PathLike[str], *, files: OsFiles | None = None, pack_chunks: bool = True) -> None:
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        *,
+        files: OsFiles | None = None,
+        pack_chunks: bool = True,
+        compression: Compression = "none",
+    ) -> None:
+        if compression not in COMPRESSIONS:
+            raise PersistenceArgumentError(
+                f'JSONL compression must be "none" or "zstd", got {compression!r}'
+            )
         self.root = Path(root).resolve()
         self.files = files or OsFiles()
         self.pack_chunks = pack_chunks
+        self.compression: Compression = compression
+        self._codec: ZstdCodec | None = load_codec() if compression == "zstd" else None
+        self.transcript = TRANSCRIPT_ZSTD if compression == "zstd" else TRANSCRIPT
+        self._opposite = TRANSCRIPT if compression == "zstd" else TRANSCRIPT_ZSTD
+        self._root_checked = False
         self._paths: dict[str, Path] = {}
         # id -> known-good size: a failed rollback left bytes after it (see append)
         self._torn: dict[str, int] = {}
         # id -> (path, inode, records): linked, but the directory fsync failed
         self._unsynced_links: dict[str, tuple[Path, int, int]] = {}
         self._dirs_to_sync: set[Path] = set()
+        # zstd: id -> (torn frame start, revision, complete lines recovered from it),
+        # from the last load; the repair writes them back (see commit_repair)
+        self._recovered: dict[str, tuple[int, str, bytes]] = {}
 
     # -- layout --------------------------------------------------------------------------
 
@@ -122,56 +169,121 @@ class JsonlBackend:
         project = "_no-cwd" if cwd is None else project_key(cwd)
         return self.root / project / encode_segment(header["id"])
 
+    def log_path(self, header: dict[str, Any]) -> Path:
+        """Where the transcript of the session ``header`` describes is (or would be):
+        the reference's ``locate(meta)``. No I/O."""
+        return self.session_dir(header) / self.transcript
+
     def locate(self, session_id: str) -> Path | None:
-        """The transcript path of an existing session (scans every project dir)."""
+        """The transcript path of an existing session (scans every project dir).
+
+        Raises :class:`SessionCorruptionError` if the id appears in more than one
+        project directory, :class:`StorageLayoutError` for a flat-layout file of the id
+        or a transcript of the other encoding."""
         cached = self._paths.get(session_id)
         if cached is not None and cached.exists():
             return cached
-        if not self.root.is_dir():
-            return None
-        seg = encode_segment(session_id)
-        found = [p / seg / TRANSCRIPT for p in self.root.iterdir() if (p / seg / TRANSCRIPT).is_file()]
+        self._check_root()
+        found = self._transcripts(session_id)
         if len(found) > 1:
-            raise SessionCorruptionError(
-                f'duplicate JSONL session id "{session_id}" appears in multiple project directories',
-                session_id=session_id,
-            )
+            raise _duplicate(session_id)
         if not found:
             return None
         self._paths[session_id] = found[0]
         return found[0]
 
+    def _project_dirs(self) -> list[Path]:
+        try:
+            with os.scandir(self.root) as it:
+                return sorted(Path(e.path) for e in it if e.is_dir())
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+
+    def _session_dirs(self, project: Path) -> list[Path]:
+        """The session directories of a project directory; refuses flat-layout files."""
+        try:
+            with os.scandir(project) as it:
+                entries = list(it)
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+        for e in entries:
+            if (e.name.endswith(".jsonl") or e.name.endswith(".jsonl.zstd")) and e.is_file(follow_symlinks=False):
+                raise self._flat_layout(Path(e.path))
+        return sorted(Path(e.path) for e in entries if e.is_dir())
+
+    def _check_root(self) -> None:
+        """Once per instance (until it passes): no session directory of the root holds
+        a transcript of the other encoding, no project directory a flat-layout file."""
+        if self._root_checked:
+            return
+        for project in self._project_dirs():
+            for sdir in self._session_dirs(project):
+                if (sdir / self._opposite).exists():
+                    raise self._encoding_mismatch(sdir / self._opposite)
+        self._root_checked = True
+
+    def _encoding_mismatch(self, path: Path) -> StorageLayoutError:
+        other = "none" if self.compression == "zstd" else "zstd"
+        return StorageLayoutError(
+            f"session artifact {_quote(path)} uses {_suffix(other)}, but this backend is configured for "
+            f"compression {_quote(self.compression)}; use a separate root or select the matching compression mode"
+        )
+
+    @staticmethod
+    def _flat_layout(path: Path) -> StorageLayoutError:
+        return StorageLayoutError(
+            f"session artifact {_quote(path)} uses the unsupported flat-file layout; "
+            "use a separate root or move it into a project/session directory before loading"
+        )
+
     # -- reading ---------------------------------------------------------------------------
 
     def list_headers(self) -> list[dict[str, Any]]:
-        """Headers of every stored session (skips dirs without a valid transcript)."""
+        """Headers of every stored session, reading only each header (reference §1.5).
+
+        Skips session directories without a transcript, with an empty or incomplete
+        first line (zstd: first frame) or with a first line that is not a valid header.
+        Refuses a header that does not name its file, an id in two project directories
+        (:class:`SessionCorruptionError`), the other encoding and flat-layout files
+        (:class:`StorageLayoutError`), and a zstd header frame that does not decode."""
         out: list[dict[str, Any]] = []
-        if not self.root.is_dir():
-            return out
-        for project in sorted(self.root.iterdir()):
-            if not project.is_dir():
-                continue
-            for sdir in sorted(project.iterdir()):
-                path = sdir / TRANSCRIPT
-                try:
-                    with open(path, "rb") as f:
-                        first = f.readline()
-                except (FileNotFoundError, NotADirectoryError):
-                    continue
-                if not first.endswith(b"\n"):
+        seen: set[str] = set()
+        self._check_root()
+        for project in self._project_dirs():
+            for sdir in self._session_dirs(project):
+                if (sdir / self._opposite).exists():
+                    raise self._encoding_mismatch(sdir / self._opposite)
+                path = sdir / self.transcript
+                first = self._first_line(path)
+                if first is None:
                     continue
                 try:
-                    header = check_header_record(orjson.loads(first), None)
+                    header = check_header_record(_header_value(first), None)
                 except Exception:
                     continue
-                expected = self.session_dir(header) / TRANSCRIPT
-                if expected != path:
+                expected = self.log_path(header)
+                if expected != path and not _same_file(expected, path):
                     raise SessionCorruptionError(
                         f'corrupt session log "{path}": header id "{header["id"]}" and cwd identify "{expected}"',
                         session_id=header["id"],
                     )
+                if header["id"] in seen:
+                    raise _duplicate(header["id"])
+                seen.add(header["id"])
                 out.append(header)
         return out
+
+    def _first_line(self, path: Path) -> bytes | None:
+        """The transcript's header line without its newline; ``None`` if there is no
+        transcript or no complete first line (zstd: first frame) yet."""
+        try:
+            with open(path, "rb") as f:
+                if self._codec is not None:
+                    return read_header_frame(self._codec, f)
+                first = f.readline()
+        except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+            return None
+        return first[:-1] if first.endswith(b"\n") else None
 
     def load(self, session_id: str) -> StoredLog:
         """Read and scan a log (reference §1.5); raises if absent or corrupt."""
@@ -188,34 +300,52 @@ class JsonlBackend:
             # A failed append whose rollback failed left bytes past ``good``: they
             # were never acknowledged. Read the log as if they were cut, and report
             # them as a torn tail so that a repair cuts them before anything lands.
-            stored = self._scan(session_id, path, data[:good])
+            stored = self._read(session_id, path, data[:good])
             if stored.truncate_to is None:
                 stored = attrs.evolve(stored, truncate_to=good)
+                if self._codec is not None:
+                    self._recovered[session_id] = (good, stored.revision, b"")
             return stored
-        return self._scan(session_id, path, data)
+        return self._read(session_id, path, data)
 
-    def _scan(self, session_id: str, path: Path, data: bytes) -> StoredLog:
-        nl = data.find(b"\n")
-        if nl < 0:
-            raise SessionCorruptionError("empty or header-less session log", session_id=session_id)
+    def _read(self, session_id: str, path: Path, data: bytes) -> StoredLog:
+        if self._codec is None:
+            return self._scan(session_id, path, data)
+        return self._scan_zstd(session_id, path, data, self._codec)
+
+    def _header(self, session_id: str, path: Path, line: bytes) -> dict[str, Any]:
+        """Parse and check the header line (no newline), then the file's identity.
+        A format refusal names the file: `` (raw log: <path>)`` (reference §2.9)."""
         try:
-            raw_header = orjson.loads(data[:nl])
-        except orjson.JSONDecodeError:
+            raw_header = _header_value(line)
+        except (orjson.JSONDecodeError, ValueError):
             raise SessionCorruptionError(
                 "corrupt session log: header line is not valid JSON", session_id=session_id
             ) from None
-        header = check_header_record(raw_header, session_id)
+        try:
+            header = check_header_record(raw_header, session_id)
+        except SessionFormatUnsupportedError as exc:
+            raise SessionFormatUnsupportedError(
+                f"{exc.message} (raw log: {path})", session_id=exc.session_id
+            ) from None
         if header["id"] != session_id:
             raise SessionCorruptionError(
                 f'corrupt session log "{path}": requested id "{session_id}" does not match header id "{header["id"]}"',
                 session_id=session_id,
             )
-        expected_path = self.session_dir(header) / TRANSCRIPT
+        expected_path = self.log_path(header)
         if expected_path != path and not _same_file(expected_path, path):
             raise SessionCorruptionError(
                 f'corrupt session log "{path}": header id "{header["id"]}" and cwd identify "{expected_path}"',
                 session_id=session_id,
             )
+        return header
+
+    def _scan(self, session_id: str, path: Path, data: bytes) -> StoredLog:
+        nl = data.find(b"\n")
+        if nl < 0:
+            raise SessionCorruptionError("empty or header-less session log", session_id=session_id)
+        header = self._header(session_id, path, data[:nl])
         size = len(data)
         lines = data.split(b"\n")  # splitting the whole buffer spares a copy of it
         del lines[0]  # the header line, read above
@@ -229,6 +359,47 @@ class JsonlBackend:
         truncate_to = committed if committed < size else None
         return StoredLog(header, records, truncate_to, _revision(path))
 
+    def _scan_zstd(self, session_id: str, path: Path, data: bytes, codec: ZstdCodec) -> StoredLog:
+        """The zstd reading rules (reference §1.3, §1.5 rule 5): every complete frame
+        must decode (checksums verified) and end on a record boundary with no issue;
+        only a torn final frame is repairable. Its complete lines that continue the
+        log are kept (``truncate_to`` is its start; the repair writes them back)."""
+        try:
+            frames, torn_start = scan_frames(data)
+            if not frames:
+                raise SessionCorruptionError("empty or header-less Zstandard session log")
+            plaintexts = codec.decode_frames(data, frames)
+            check_header_frame(plaintexts[0])
+        except SessionCorruptionError as exc:
+            exc.session_id = session_id
+            raise
+        header = self._header(session_id, path, plaintexts[0][:-1])
+        body = b"".join(plaintexts[1:])
+        del plaintexts
+        lines = body.split(b"\n")
+        fragment = lines.pop()
+        with gc_paused():
+            records = _fast_scan(lines)
+            if records is None:
+                records, committed = _slow_scan(session_id, lines, 0)
+            else:
+                committed = len(body) - len(fragment)
+            if committed != len(body):
+                raise SessionCorruptionError(
+                    "corrupt Zstandard session log: complete frame contains a torn JSONL record",
+                    session_id=session_id,
+                )
+            revision = _revision(path)
+            if torn_start is None:
+                self._recovered.pop(session_id, None)
+                return StoredLog(header, records, None, revision)
+            # Best effort: a frame torn early may yield no plaintext at all.
+            tail = codec.decode_prefix(data[torn_start:]).split(b"\n")
+            tail.pop()  # no newline after it: not a complete record
+            records, kept = _slow_scan(session_id, tail, 0, records=records, first_line=len(lines) + 2)
+        self._recovered[session_id] = (torn_start, revision, b"".join(line + b"\n" for line in tail)[:kept])
+        return StoredLog(header, records, torn_start, revision)
+
     def revision(self, session_id: str) -> str | None:
         path = self.locate(session_id)
         if path is None:
@@ -237,6 +408,34 @@ class JsonlBackend:
             return _revision(path)
         except FileNotFoundError:
             return None
+
+    def read_raw(self, session_id: str) -> bytes | None:
+        """The stored JSONL text verbatim (reference ``readRaw``): the file's bytes, or
+        for zstd its complete frames decoded (a torn final frame omitted). ``None`` if
+        the session has no transcript. The header line must name ``session_id``."""
+        path = self.locate(session_id)
+        if path is None:
+            return None
+        for _ in range(10):
+            before = _stat_key(path)
+            data = path.read_bytes()
+            if _stat_key(path) == before:
+                break
+        if self._codec is not None:
+            frames, _ = scan_frames(data)
+            if not frames:
+                raise SessionCorruptionError("empty or header-less Zstandard session log", session_id=session_id)
+            data = b"".join(self._codec.decode_frames(data, frames))
+        try:
+            nl = data.find(b"\n")
+            header = check_header_record(_header_value(data[: nl if nl >= 0 else len(data)]), None)
+        except Exception:
+            header = None
+        if header is None or header["id"] != session_id:
+            raise SessionCorruptionError(
+                f'corrupt session log: invalid header line in "{path}"', session_id=session_id
+            )
+        return data
 
     # -- writing ---------------------------------------------------------------------------
 
@@ -250,6 +449,22 @@ class JsonlBackend:
         except (TypeError, ValueError) as exc:  # orjson.JSONEncodeError is a TypeError
             raise _encoding_error(session_id, records, exc) from exc
 
+    def _batch_payload(self, session_id: str, records: list[dict[str, Any]], prefix: bytes = b"") -> bytes:
+        """One batch as it is appended: its lines (after ``prefix``, lines already
+        encoded), or with zstd one frame holding them. ``b""`` for nothing."""
+        text = prefix + self._encode(session_id, records) if records else prefix
+        if self._codec is None or not text:
+            return text
+        return self._codec.frame(text)
+
+    def _first_payload(self, header: dict[str, Any], records: list[dict[str, Any]]) -> bytes:
+        """The first write: the header line and the first batch (zstd: the header alone
+        in frame 1, the batch in frame 2)."""
+        line = header_line(header)
+        if self._codec is None:
+            return line + self._encode(header["id"], records)
+        return self._codec.frame(line) + self._batch_payload(header["id"], records)
+
     def materialize(
         self, header: dict[str, Any], records: list[dict[str, Any]], *, lease: WriterLease | None = None
     ) -> None:
@@ -262,8 +477,9 @@ class JsonlBackend:
         """
         sid = header["id"]
         sdir = self.session_dir(header)
-        final = sdir / TRANSCRIPT
-        payload = header_line(header) + self._encode(sid, records)
+        final = sdir / self.transcript
+        payload = self._first_payload(header, records)
+        self._check_root()
         try:
             self._makedirs(sdir)
             with self._root_lock(sid):
@@ -290,7 +506,7 @@ class JsonlBackend:
             )
 
     def _link_new(self, sid: str, sdir: Path, final: Path, payload: bytes, n_records: int) -> None:
-        tmp = sdir / f"{TRANSCRIPT}.{secrets.token_hex(6)}.tmp"
+        tmp = sdir / f"{final.name}.{secrets.token_hex(6)}.tmp"
         fd = self.files.open(str(tmp), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         try:
             try:
@@ -329,7 +545,7 @@ class JsonlBackend:
             same = path == final and final.stat().st_ino == ino and len(records) >= n
         except FileNotFoundError:
             same = False
-        expected = header_line(header) + self._encode(sid, records[:n]) if same else b""
+        expected = self._first_payload(header, records[:n]) if same else b""
         if not same or final.read_bytes() != expected:
             del self._unsynced_links[sid]  # not ours any more: the normal refusal applies
             return False
@@ -337,7 +553,7 @@ class JsonlBackend:
         del self._unsynced_links[sid]
         self._paths[sid] = final
         if len(records) > n:
-            self._append_bytes(sid, final, self._encode(sid, records[n:]))
+            self._append_bytes(sid, final, self._batch_payload(sid, records[n:]))
         return True
 
     def append(self, session_id: str, records: list[dict[str, Any]], *, lease: WriterLease | None = None) -> None:
@@ -352,7 +568,7 @@ class JsonlBackend:
         path = self.locate(session_id)
         if path is None:
             raise PersistedSessionNotFoundError(f'session "{session_id}" not found', session_id=session_id)
-        self._append_bytes(session_id, path, self._encode(session_id, records))
+        self._append_bytes(session_id, path, self._batch_payload(session_id, records))
 
     def _append_bytes(self, session_id: str, path: Path, payload: bytes) -> None:
         try:
@@ -414,12 +630,18 @@ class JsonlBackend:
     ) -> None:
         """Truncate a torn tail (fsync), then append the closers as one batch.
 
-        Two durable steps, not atomic: a crash between them just re-repairs next time.
+        With zstd, ``truncate_to`` is where a torn final frame starts: the complete
+        records the last :meth:`load` recovered from it are written back ahead of the
+        closers, in one new frame (reference §1.4). Two durable steps, not atomic: a
+        crash between them just re-repairs next time.
         """
         path = self.locate(session_id)
         if path is None:
             raise PersistedSessionNotFoundError(f'session "{session_id}" not found', session_id=session_id)
-        payload = self._encode(session_id, records) if records else b""
+        recovered = b""
+        if self._codec is not None and truncate_to is not None:
+            recovered = self._recovered_lines(session_id, path, truncate_to)
+        payload = self._batch_payload(session_id, records, prefix=recovered)
         if truncate_to is not None:
             try:
                 fd = self.files.open(str(path), os.O_WRONLY)
@@ -436,6 +658,26 @@ class JsonlBackend:
                 del self._torn[session_id]  # the repair cut the failed append's bytes too
         if payload:
             self._append_bytes(session_id, path, payload)
+        self._recovered.pop(session_id, None)
+
+    def _recovered_lines(self, session_id: str, path: Path, truncate_to: int) -> bytes:
+        """The lines recovered from the torn frame at ``truncate_to`` by the last load,
+        if the file is still as that load read it; else read it again."""
+        entry = self._recovered.get(session_id)
+        try:
+            current = _revision(path)
+        except FileNotFoundError:
+            current = None
+        if entry is None or entry[0] != truncate_to or entry[1] != current:
+            stored = self.load(session_id)
+            entry = self._recovered.get(session_id)
+            if stored.truncate_to != truncate_to or entry is None or entry[0] != truncate_to:
+                raise PersistenceError(
+                    f'session "{session_id}": repair is stale: the torn tail of "{path}" no longer starts '
+                    f"at byte {truncate_to}",
+                    session_id=session_id,
+                )
+        return entry[2]
 
     def delete(self, session_id: str) -> None:
         """Remove the log (durably: the directory is fsynced).
@@ -498,10 +740,19 @@ class JsonlBackend:
                 self.files.close(fd)  # closing drops the flock
 
     def _transcripts(self, session_id: str) -> list[Path]:
-        if not self.root.is_dir():
-            return []
+        """Every transcript of ``session_id`` under the root (refusing, as
+        :meth:`locate` does, flat-layout files and the other encoding)."""
         seg = encode_segment(session_id)
-        return sorted(p / seg / TRANSCRIPT for p in self.root.iterdir() if (p / seg / TRANSCRIPT).is_file())
+        found = []
+        for project in self._project_dirs():
+            for suffix in (".jsonl.zstd", ".jsonl"):
+                if (project / (seg + suffix)).exists():
+                    raise self._flat_layout(project / (seg + suffix))
+            if (project / seg / self._opposite).exists():
+                raise self._encoding_mismatch(project / seg / self._opposite)
+            if (project / seg / self.transcript).is_file():
+                found.append(project / seg / self.transcript)
+        return found
 
     # -- one writer per session ----------------------------------------------------------
 
@@ -617,15 +868,22 @@ def _fast_scan(lines: list[bytes]) -> list[Any] | None:
     return records
 
 
-def _slow_scan(session_id: str, lines: list[bytes], start: int) -> tuple[list[Any], int]:
-    """The reading rules of reference §1.5, line by line (rows, bad lines, gaps)."""
-    records: list[Any] = []
+def _slow_scan(
+    session_id: str, lines: list[bytes], start: int, *, records: list[Any] | None = None, first_line: int = 2
+) -> tuple[list[Any], int]:
+    """The reading rules of reference §1.5, line by line (rows, bad lines, gaps).
+
+    ``lines`` start at byte ``start`` and are numbered from ``first_line`` (the file's
+    line numbers: the header is line 1); the good ones extend ``records``. Returns the
+    records and where the last good line ends."""
+    if records is None:
+        records = []
     committed = start
     pos = start
     issue: str | None = None
     loads = orjson.loads
     for k, line in enumerate(lines):
-        line_no = k + 2
+        line_no = k + first_line
         pos += len(line) + 1
         obj: Any
         try:
@@ -663,6 +921,32 @@ def _decode(obj: Any) -> list[dict[str, Any]] | None:
     if not all(type(e) is dict for e in decoded):
         return None
     return decoded
+
+
+def _header_value(line: bytes) -> Any:
+    """The header line (no newline) decoded as the reference's ``JSON.parse`` would:
+    a ``-0`` number literal stays negative zero (``-0.0``; orjson reads it as the
+    integer ``0``), so the header checks refuse it where the reference does."""
+    value = orjson.loads(line)
+    if b"-0" in line:  # rare: only then is the slower decoder needed
+        value = json.loads(line, parse_int=_int_or_negative_zero)
+    return value
+
+
+def _int_or_negative_zero(literal: str) -> int | float:
+    return -0.0 if literal == "-0" else int(literal)
+
+
+def _quote(value: object) -> str:
+    """``JSON.stringify`` of a string, as the reference quotes paths in messages."""
+    return orjson.dumps(str(value)).decode()
+
+
+def _duplicate(session_id: str) -> SessionCorruptionError:
+    return SessionCorruptionError(
+        f'duplicate JSONL session id "{session_id}" appears in multiple project directories',
+        session_id=session_id,
+    )
 
 
 def _describe_holder(holder: Any) -> str:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -80,7 +79,9 @@ class ServiceMixin:
     def _check_and_repair(self, session_id: str, stored: StoredLog) -> tuple[list[Any], list[Any]]:  # pragma: no cover
         raise NotImplementedError
 
-    def _refuse_unknown(self, session_id: str, records: list[Any]) -> None:  # pragma: no cover
+    def _refuse_unknown(
+        self, session_id: str, records: list[Any], stored: StoredLog | None = None
+    ) -> None:  # pragma: no cover
         raise NotImplementedError
 
     def _chain(self, session_id: str) -> trio.Lock:
@@ -163,7 +164,7 @@ class ServiceMixin:
                         f'session "{session_id}": an appended event has an invalid event envelope',
                         session_id=session_id,
                     )
-                _refuse_legacy(session_id, rec)
+                refuse_legacy(session_id, rec)
             if not batch:
                 return
             if session_id in self._reserved:
@@ -260,7 +261,7 @@ class ServiceMixin:
 
         def work() -> tuple[FrozenDict, ...]:
             stored = self.backend.load(session_id)
-            self._refuse_unknown(session_id, stored.records)
+            self._refuse_unknown(session_id, stored.records, stored)
             return tuple(freeze_record(r) for r in stored.records[start:])
 
         return await trio.to_thread.run_sync(work)
@@ -285,24 +286,24 @@ class ServiceMixin:
 
     def locate(self, meta: object) -> str | None:
         """Where this backend stores (or would store) the session ``meta`` describes:
-        the JSONL session directory, the SQLite database file; ``None`` if it does
+        the JSONL transcript path, the SQLite database file; ``None`` if it does
         not say."""
         ok, raw = try_snapshot_raw(meta)
         if not ok or type(raw) is not dict or type(raw.get("id")) is not str:
             raise PersistenceArgumentError("session metadata must be losslessly JSON-serializable")
-        session_dir = getattr(self.backend, "session_dir", None)
-        if session_dir is not None:
-            return str(session_dir(dict(raw)))
+        log_path = getattr(self.backend, "log_path", None)
+        if log_path is not None:
+            return str(log_path(dict(raw)))  # the transcript path, as the reference
         path = getattr(self.backend, "path", None)
         return str(path) if path is not None else None
 
     @property
     def supports_raw_artifacts(self) -> bool:
         """Whether :meth:`read_raw` can answer (a backend with per-session files)."""
-        return callable(getattr(self.backend, "locate", None))
+        return callable(getattr(self.backend, "read_raw", None))
 
     async def read_raw(self, session_id: str) -> bytes:
-        """The raw bytes of a stored session's artifact (the JSONL transcript).
+        """The stored JSONL text of a session, verbatim (decompressed for zstd).
 
         Raises :class:`RawArtifactsUnsupportedError` (``this session persistence
         backend does not expose raw artifacts``) for a backend without one, and
@@ -310,17 +311,17 @@ class ServiceMixin:
 
         Cancellation: the read runs on a worker thread; its result is dropped.
         """
-        locate = getattr(self.backend, "locate", None)
-        if not callable(locate):
+        read_raw = getattr(self.backend, "read_raw", None)
+        if not callable(read_raw):
             raise RawArtifactsUnsupportedError(
                 "this session persistence backend does not expose raw artifacts", session_id=session_id
             )
 
         def work() -> bytes:
-            path = locate(session_id)
-            if path is None:
+            data = read_raw(session_id)  # decoded JSONL text (zstd frames decompressed)
+            if data is None:
                 raise PersistedSessionNotFoundError(f'session "{session_id}" not found', session_id=session_id)
-            return Path(path).read_bytes()
+            return bytes(data)
 
         return await trio.to_thread.run_sync(work)
 
@@ -333,7 +334,8 @@ def _record(event: Any) -> dict[str, Any]:
     return event_to_record(event)
 
 
-def _refuse_legacy(session_id: str, rec: Any) -> None:
+def refuse_legacy(session_id: str, rec: Any, raw_log: str = "") -> None:
+    """Refuse a record in a legacy shape this harness does not import (§2.9)."""
     t = rec.get("type")
     seq = rec.get("seq")
     data = rec.get("data")
@@ -341,10 +343,12 @@ def _refuse_legacy(session_id: str, rec: Any) -> None:
         what = "request/header-delta format"
     elif t == "mode/set":
         what = "mode/set event"
+    elif t == "steering/message":
+        what = "steering/message event"
     elif t == "request/header" and hasattr(data, "get") and data.get("reason") == "fallback":
         what = 'request/header reason "fallback"'
     else:
         return
     raise SessionFormatUnsupportedError(
-        f'session "{session_id}" contains unsupported legacy {what} at seq {seq}', session_id=session_id
+        f'session "{session_id}" contains unsupported legacy {what} at seq {seq}{raw_log}', session_id=session_id
     )
