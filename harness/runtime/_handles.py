@@ -36,6 +36,7 @@ from harness.session import (
     ReplaceOp,
     Session,
     SessionHeader,
+    SurfaceNodes,
     SurfaceOp,
 )
 
@@ -44,9 +45,13 @@ if TYPE_CHECKING:
 
 
 class Entry:
-    """The store's record of one live session (owned by the store actor)."""
+    """The store's record of one live session (owned by the store actor).
 
-    __slots__ = ("announced", "detached", "handle", "ref", "session")
+    ``companions`` holds, per validator installed on the store, this session's
+    validator and its state (see ``Store.install_validator``).
+    """
+
+    __slots__ = ("announced", "companions", "detached", "handle", "ref", "session")
 
     def __init__(self, session: Session) -> None:
         self.session = session
@@ -54,6 +59,7 @@ class Entry:
         self.announced = False
         self.detached = False
         self.handle: SessionHandle | None = None
+        self.companions: dict[Any, Any] = {}
 
 
 @final
@@ -139,9 +145,11 @@ class SessionHandle:
         """The latest ``request/context`` data (no actor round trip)."""
         return self._entry.session.request_context()
 
-    def surface(self) -> tuple[int, ...]:
-        """The current surface nodes, detached."""
-        return self._entry.session.surface_snapshot()
+    def surface(self) -> SurfaceNodes:
+        """The current surface nodes: ``session.surface``, an immutable O(1) view that
+        is the same object until the surface changes and never changes under its
+        holder (no actor round trip)."""
+        return self._entry.session.surface
 
     # -- messages ------------------------------------------------------------------------
 

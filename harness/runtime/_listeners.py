@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import inspect
 import logging
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 import trio
+
+from harness.errors import AsyncListenerError
 
 if TYPE_CHECKING:
     from harness.runtime._handles import SessionHandle
@@ -18,7 +21,7 @@ CreatedListener = Callable[["SessionHandle"], None]
 EventListener = Callable[["SessionHandle", "Event"], None]
 DisposedListener = Callable[["SessionHandle"], None]
 PreCommitHook = Callable[["SessionHandle", "tuple[Event, ...]"], None]
-FlushListener = Callable[["SessionHandle"], Awaitable[None]]
+FlushListener = Callable[["SessionHandle"], "Awaitable[None] | None"]
 
 
 def describe(exc: BaseException) -> str:
@@ -38,8 +41,15 @@ class Listeners:
     * ``event`` runs in the session actor right after a commit; a raise is logged
       and never fails or rolls back the append; later listeners still run.
     * ``disposed`` runs when an announced session is detached; same containment.
-    * ``flush`` listeners are async; ``store.flush`` runs them concurrently and
-      raises the first failure in listener order.
+    * ``flush`` listeners may be async (or plain functions); ``store.flush`` runs
+      them concurrently and raises the first failure in listener order.
+
+    ``created``, ``event`` and ``disposed`` listeners and pre-commit hooks must be
+    synchronous: registering an ``async def`` (or an object whose ``__call__`` is one)
+    raises :class:`~harness.errors.AsyncListenerError`. A plain callable that returns
+    an awaitable anyway fails as if it had raised that error (its awaitable is closed,
+    never run): contained and logged for ``event``/``disposed``, a veto for
+    ``created``.
 
     A listener cannot re-enter an actor synchronously: work it starts (for example an
     append to the same session) is queued behind the current message. That replaces
@@ -58,7 +68,9 @@ class Listeners:
         for listener in list(self.event):
             for ev in events:
                 try:
-                    listener(handle, ev)
+                    result: Any = listener(handle, ev)
+                    if result is not None:
+                        refuse_awaitable("session/event", listener, result)
                 except Exception as exc:
                     log.warning(
                         'session "%s": session/event listener threw: %s', handle.id, describe(exc)
@@ -67,7 +79,9 @@ class Listeners:
     def emit_disposed(self, handle: SessionHandle) -> None:
         for listener in list(self.disposed):
             try:
-                listener(handle)
+                result: Any = listener(handle)
+                if result is not None:
+                    refuse_awaitable("session/disposed", listener, result)
             except Exception as exc:
                 log.warning(
                     'session "%s": session/disposed listener threw: %s', handle.id, describe(exc)
@@ -81,7 +95,9 @@ class Listeners:
 
         async def run(i: int, fn: FlushListener) -> None:
             try:
-                await fn(handle)
+                result = fn(handle)
+                if inspect.isawaitable(result):
+                    await result
             except Exception as exc:
                 failures[i] = exc
 
@@ -120,6 +136,47 @@ def _only_cancelled(group: BaseExceptionGroup[BaseException]) -> trio.Cancelled 
         else:
             return None
     return first
+
+
+def _name(fn: object) -> str:
+    name = getattr(fn, "__qualname__", None)
+    return name if type(name) is str else repr(fn)
+
+
+def is_async_callable(fn: object) -> bool:
+    """Whether calling ``fn`` makes a coroutine (or an async generator): an ``async
+    def``, a ``functools.partial`` of one, or an object whose ``__call__`` is one."""
+    if inspect.iscoroutinefunction(fn) or inspect.isasyncgenfunction(fn):
+        return True
+    if inspect.isroutine(fn):
+        return False
+    call = inspect.getattr_static(type(fn), "__call__", None)  # an object's own __call__
+    return inspect.iscoroutinefunction(call) or inspect.isasyncgenfunction(call)
+
+
+def subscribe_sync(kind: str, items: list[Any], item: Any) -> Callable[[], None]:
+    """:func:`subscribe` for a listener the store calls synchronously: an async
+    callable is refused (:class:`AsyncListenerError`), never called and dropped."""
+    if is_async_callable(item):
+        raise AsyncListenerError(
+            f"{kind} listener {_name(item)} is async; store listeners must be synchronous "
+            "(start async work from it instead)"
+        )
+    return subscribe(items, item)
+
+
+def refuse_awaitable(kind: str, listener: object, result: object) -> None:
+    """A synchronous listener returned ``result``: if it is awaitable, close it (it will
+    never run) and raise :class:`AsyncListenerError`."""
+    if not inspect.isawaitable(result):
+        return
+    close = getattr(result, "close", None)
+    if callable(close):
+        close()  # no "coroutine was never awaited" warning: it is refused, on purpose
+    raise AsyncListenerError(
+        f"{kind} listener {_name(listener)} returned an awaitable; store listeners must be "
+        "synchronous (it was closed, not awaited)"
+    )
 
 
 def subscribe(items: list[Any], item: Any) -> Callable[[], None]:

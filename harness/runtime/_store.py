@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import logging
 import uuid
+import weakref
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
-from typing import Any, final
+from typing import Any, Final, final
 
 import trio
 
@@ -24,9 +25,12 @@ from harness.errors import (
     ForkSourceNotFoundError,
     ForkSourceNotLiveError,
     HarnessError,
+    PreparationDisposedError,
     SessionAlreadyAnnouncedError,
     SessionAlreadyExistsError,
+    SessionArgumentError,
     SessionAttachedError,
+    SessionError,
     SessionNotLiveError,
     StoreError,
 )
@@ -38,7 +42,9 @@ from harness.runtime._listeners import (
     FlushListener,
     Listeners,
     PreCommitHook,
+    refuse_awaitable,
     subscribe,
+    subscribe_sync,
 )
 from harness.runtime._messages import (
     Adopt,
@@ -54,7 +60,7 @@ from harness.runtime._messages import (
     Prepare,
 )
 from harness.runtime._session_actor import SessionActor
-from harness.session import AppendValidator, Clock, Session, wall_clock_ms
+from harness.session import AppendValidator, Clock, Event, Session, wall_clock_ms
 
 log = logging.getLogger("harness.store")
 
@@ -93,6 +99,95 @@ class PreparedSession:
         self.disposed = True
 
 
+_ATTACHED: Final[weakref.WeakKeyDictionary[Session, Entry]] = weakref.WeakKeyDictionary()
+"""Process-wide: the store entry each attached :class:`Session` object is in. One
+store at a time per object (reference §7); released when its detach has drained."""
+
+
+def _not_live(value: object) -> SessionNotLiveError:
+    """The refusal for a value that is not a live handle of the store. Nothing is
+    coerced: a value without a session id is named as it is."""
+    if type(value) is SessionHandle:
+        sid = value.id
+        return SessionNotLiveError(f'session "{sid}" is not live in this store', session_id=sid)
+    if isinstance(value, (Session, PreparedSession)):
+        sid = value.id
+        return SessionNotLiveError(
+            f'session "{sid}" is not live in this store: a {type(value).__name__} is not '
+            "its SessionHandle",
+            session_id=sid,
+        )
+    return SessionNotLiveError(f"expected a SessionHandle of this store, got {value!r}")
+
+
+def _check_id(value: object) -> str:
+    # Before any lookup: an unhashable id must be an answer, not a store-actor crash.
+    if type(value) is not str or not value:
+        raise SessionError(f"session id must be a non-empty string, got {value!r}")
+    return value
+
+
+class _Checked:
+    """One session's state under one installed validator.
+
+    States are keyed by seq (reference §4.2): the hook computes the state after a
+    batch before the commit, and adopts it only once the next batch shows that the
+    log did grow by it (a later pre-commit hook may veto the batch).
+    """
+
+    __slots__ = ("pending", "seq", "state", "validator")
+
+    def __init__(self, validator: AppendValidator, state: Any, seq: int) -> None:
+        self.validator = validator
+        self.state = state
+        self.seq = seq
+        self.pending: tuple[int, Any] | None = None
+
+
+class _Companion:
+    """An installed validator (``Store.install_validator``): a pre-commit hook that
+    checks every published append of a live session with that session's own validator
+    (made by ``factory``, replayed over its log when it was entered or installed)."""
+
+    __slots__ = ("factory",)
+
+    def __init__(self, factory: Callable[[], AppendValidator]) -> None:
+        self.factory = factory
+
+    def replay(self, session: Session) -> _Checked:
+        validator = self.factory()
+        try:
+            state = session.replay(validator)
+        except HarnessError as exc:
+            exc.session_id = exc.session_id or session.id
+            raise
+        return _Checked(validator, state, session.seq)
+
+    def __call__(self, handle: SessionHandle, events: tuple[Event, ...]) -> None:
+        entry = handle._entry
+        checked = entry.companions.get(self)
+        if checked is None or not events:
+            return
+        base = events[0].seq
+        pending = checked.pending
+        checked.pending = None
+        if pending is not None and pending[0] == base:
+            checked.seq, checked.state = pending  # the batch it checked was committed
+        elif checked.seq != base:
+            # The log grew past this hook (never in the runtime): start over.
+            fresh = self.replay(entry.session)
+            checked.seq, checked.state = fresh.seq, fresh.state
+        state = checked.state
+        check = checked.validator.check
+        try:
+            for ev in events:
+                state = check(state, ev)
+        except HarnessError as exc:
+            exc.session_id = exc.session_id or handle.id
+            raise
+        checked.pending = (events[-1].seq + 1, state)
+
+
 class StoreActor(Actor[Any]):
     """Holds ``id -> live session`` and serialises every liveness decision."""
 
@@ -118,11 +213,12 @@ class StoreActor(Actor[Any]):
         if t is Prepare:
             return self._prepare(message.session_id, message.seed, message.meta)
         if t is Adopt:
-            if message.session.id in self.store._entries:
-                raise SessionAlreadyExistsError(
-                    f'session "{message.session.id}" already exists', session_id=message.session.id
-                )
-            return PreparedSession(message.session)
+            session = message.session
+            if type(session) is not Session:
+                raise SessionArgumentError(f"adopt takes a Session, got {session!r}")
+            if session.id in self.store._entries:
+                raise SessionAlreadyExistsError(f'session "{session.id}" already exists', session_id=session.id)
+            return PreparedSession(session)
         if t is Enter:
             return self._enter(message.prepared)
         if t is Announce:
@@ -134,7 +230,8 @@ class StoreActor(Actor[Any]):
         if t is Fork:
             return await self._fork(message.source, message.boundary, message.child_id)
         if t is Get:
-            entry = self.store._entries.get(message.session_id)
+            sid = message.session_id
+            entry = self.store._entries.get(sid) if type(sid) is str else None
             return None if entry is None else entry.handle
         if t is List:
             return [e.handle for e in self.store._entries.values()]
@@ -157,7 +254,7 @@ class StoreActor(Actor[Any]):
                 return sid
 
     def _prepare(self, session_id: str | None, seed: Sequence[Any] | None, meta: dict[str, Any]) -> PreparedSession:
-        sid = self._mint() if session_id is None else session_id
+        sid = self._mint() if session_id is None else _check_id(session_id)
         if sid in self.store._entries:
             raise SessionAlreadyExistsError(f'session "{sid}" already exists', session_id=sid)
         store = self.store
@@ -165,26 +262,46 @@ class StoreActor(Actor[Any]):
         for key, wire in _META_KEYS.items():
             if key != "created_at" and meta.get(key) is not None:
                 header[wire] = meta[key]
-        validator = store.validator_factory() if store.validator_factory else None
-        session = Session.create(sid, seed, header, clock=store.clock, validator=validator)
+        # No validator here: installed validators check a session from its enter on
+        # (replaying its log, so a bad seed fails the enter, hence ``create``).
+        session = Session.create(sid, seed, header, clock=store.clock)
         return PreparedSession(session)
 
     def _enter(self, prepared: PreparedSession) -> SessionHandle:
         store = self.store
+        if type(prepared) is not PreparedSession:
+            if type(prepared) is Session:
+                raise SessionArgumentError(
+                    f'session "{prepared.id}" cannot be entered as a Session: enter takes its '
+                    "PreparedSession (from store.prepare or store.adopt)",
+                    session_id=prepared.id,
+                )
+            raise SessionArgumentError(f"enter takes a PreparedSession, got {prepared!r}")
+        session = prepared.session
         sid = prepared.id
         if sid in store._entries:
             raise SessionAlreadyExistsError(f'session "{sid}" already exists', session_id=sid)
-        if prepared.entered or prepared.disposed:
+        if session in _ATTACHED:
             raise SessionAttachedError(f'session "{sid}" is already attached to a store', session_id=sid)
+        if prepared.disposed:
+            raise PreparationDisposedError(
+                f'cannot enter session "{sid}": its preparation was disposed', session_id=sid
+            )
+        entry = Entry(session)
+        # Every installed validator replays the log first: a violation refuses the enter.
+        for companion in store._companions:
+            entry.companions[companion] = companion.replay(session)
         prepared.entered = True
-        entry = Entry(prepared.session)
         handle = SessionHandle(store, entry)
         entry.handle = handle
-        entry.ref = store._runtime.spawn(SessionActor(prepared.session, store.listeners, handle))
+        entry.ref = store._runtime.spawn(SessionActor(session, store.listeners, handle))
         store._entries[sid] = entry
+        _ATTACHED[session] = entry
         return handle
 
     def _announce(self, handle: SessionHandle) -> None:
+        if type(handle) is not SessionHandle:
+            raise _not_live(handle)
         entry = self.store._live_entry(handle.id)
         if entry is None or entry is not handle._entry:
             raise SessionNotLiveError(f'session "{handle.id}" is not live in this store', session_id=handle.id)
@@ -193,7 +310,9 @@ class StoreActor(Actor[Any]):
         entry.announced = True  # set before dispatch: a reentrant announce is refused
         for listener in list(self.store.listeners.created):
             try:
-                listener(handle)
+                result: Any = listener(handle)
+                if result is not None:
+                    refuse_awaitable("session/created", listener, result)
             except Exception as exc:
                 # A veto is an answer, not a store bug: later listeners are skipped
                 # and the caller gets the listener's own exception.
@@ -201,9 +320,11 @@ class StoreActor(Actor[Any]):
 
     async def _detach(self, handle: SessionHandle) -> None:
         store = self.store
+        if type(handle) is not SessionHandle or handle._store is not store:
+            raise _not_live(handle)
         entry = handle._entry
         if entry.detached:
-            return
+            return  # idempotent: a stale handle of this store
         entry.detached = True
         if entry.ref is not None:
             # Drain: messages queued before the detach are applied (and published).
@@ -211,6 +332,7 @@ class StoreActor(Actor[Any]):
                 await store._runtime.stop(entry.ref)
         if store._entries.get(handle.id) is entry:
             del store._entries[handle.id]
+        _release(entry)  # drained: the Session object may be entered again
         if entry.announced:
             store.listeners.emit_disposed(handle)
         # Entry and handle refer to each other: unlink them, so a retired session is
@@ -220,26 +342,29 @@ class StoreActor(Actor[Any]):
 
     async def _fork(self, source: Any, boundary: object, child_id: str | None) -> SessionHandle:
         store = self.store
-        if child_id is not None and child_id in store._entries:
-            raise ForkChildExistsError(f'session "{child_id}" already exists', session_id=child_id)
-        if isinstance(source, SessionHandle):
+        if child_id is not None:
+            _check_id(child_id)
+            if child_id in store._entries:
+                raise ForkChildExistsError(f'session "{child_id}" already exists', session_id=child_id)
+        # Source resolution (reference §8.2). The live store instance of a session is
+        # its handle: a Session or PreparedSession object is resolved by its id, and is
+        # never that instance. Nothing else is coerced to an id.
+        if type(source) is str:
+            sid = source
+        elif type(source) is SessionHandle or isinstance(source, (Session, PreparedSession)):
             sid = source.id
-            entry = store._entries.get(sid)
-            if entry is None:
-                raise ForkSourceNotFoundError(f'session "{sid}" not found', session_id=sid)
-            if entry is not source._entry:
-                raise ForkSourceNotLiveError(f'session "{sid}" is not the live store instance', session_id=sid)
         else:
-            sid = str(source)
-            entry = store._entries.get(sid)
-            if entry is None:
-                raise ForkSourceNotFoundError(f'session "{sid}" not found', session_id=sid)
+            raise ForkSourceNotFoundError(f"fork source must be a SessionHandle or a session id, got {source!r}")
+        entry = store._entries.get(sid)
+        if entry is None:
+            raise ForkSourceNotFoundError(f'session "{sid}" not found', session_id=sid)
+        if type(source) is not str and (type(source) is not SessionHandle or entry is not source._entry):
+            raise ForkSourceNotLiveError(f'session "{sid}" is not the live store instance', session_id=sid)
         assert entry.ref is not None
         new_id = self._mint() if child_id is None else child_id
         header: dict[str, Any] = {"version": 0, "id": new_id, "createdAt": store.clock(), "parentSession": sid}
-        validator = store.validator_factory() if store.validator_factory else None
         try:
-            child = await entry.ref.call(ForkPrefix(boundary, header, validator))
+            child = await entry.ref.call(ForkPrefix(boundary, header))
         except (ActorStoppedError, ActorCrashedError) as exc:
             # A stopped or crashed source is not live; the store itself goes on.
             raise ForkSourceNotLiveError(
@@ -278,10 +403,12 @@ class Store:
         self._runtime = runtime
         self._entries: dict[str, Entry] = {}
         self.clock = clock
-        self.validator_factory = validator_factory
         self.listeners = Listeners()
+        self._companions: list[_Companion] = []
         self._ref: ActorRef[Any] = runtime.spawn(StoreActor(self))
         self._closed = False
+        if validator_factory is not None:
+            self.install_validator(validator_factory)
 
     def _live_entry(self, session_id: str) -> Entry | None:
         entry = self._entries.get(session_id)
@@ -292,6 +419,57 @@ class Store:
     @property
     def runtime(self) -> ActorRuntime:
         return self._runtime
+
+    def _abandon(self) -> None:
+        """The runtime is gone (its actors ended without a detach): refuse new requests
+        and release every Session object this store still holds for other stores."""
+        self._closed = True
+        for entry in self._entries.values():
+            _release(entry)
+
+    # -- validators (the invariant companion, reference §11) -----------------------------
+
+    @property
+    def validator_factory(self) -> Callable[[], AppendValidator] | None:
+        """The factory of the most recently installed validator still installed, or
+        ``None``."""
+        return self._companions[-1].factory if self._companions else None
+
+    def install_validator(self, factory: Callable[[], AppendValidator]) -> Callable[[], None]:
+        """Install a pre-commit validator (e.g. :class:`~harness.session.RelationalInvariants`)
+        on this running store; return its idempotent remover.
+
+        Every live session gets its own ``factory()`` validator, replayed over its whole
+        log first (its seed replay included): if any session violates it, the install
+        raises that session's error (``session_id`` names it) and nothing is installed.
+        From then on every published append of a live session is checked before it
+        commits (a violation vetoes the whole batch, nothing is logged), and every
+        session entered later (created, forked, adopted) is replayed at its enter, so a
+        bad log fails the enter. Detached sessions are not checked.
+
+        Calling the remover removes this validator: nothing it installed is checked any
+        more, on live sessions or later ones. Installs stack: each checks independently.
+        ``open_store(validator_factory=...)`` installs one before any session exists.
+
+        Synchronous and atomic: the replays run without a checkpoint, so no append
+        interleaves (a long log blocks the event loop for its replay, O(events)).
+        """
+        companion = _Companion(factory)
+        live = [e for e in self._entries.values() if not e.detached]
+        checked = [companion.replay(e.session) for e in live]  # raises before any change
+        for entry, state in zip(live, checked, strict=True):
+            entry.companions[companion] = state
+        self._companions.append(companion)
+        unsubscribe = subscribe(self.listeners.pre_commit, companion)
+
+        def remove() -> None:
+            if companion in self._companions:
+                self._companions.remove(companion)
+            unsubscribe()
+            for entry in self._entries.values():
+                entry.companions.pop(companion, None)
+
+        return remove
 
     async def _call(self, message: Any) -> Any:
         if self._closed:
@@ -395,26 +573,30 @@ class Store:
         The session's queued messages are handled first (a barrier), so everything
         appended before the call is covered. Cancellation propagates to the listeners.
         """
-        if not handle.alive:
-            raise SessionNotLiveError(f'session "{handle.id}" is not live in this store', session_id=handle.id)
+        if type(handle) is not SessionHandle or handle._store is not self or not handle.alive:
+            raise _not_live(handle)
         await handle.barrier()
         return await self.listeners.run_flush(handle)
 
     # -- listeners -----------------------------------------------------------------------
 
+    # ``created``/``event``/``disposed`` listeners and pre-commit hooks are called
+    # synchronously: an async one raises AsyncListenerError here (see Listeners).
+
     def on_created(self, listener: CreatedListener) -> Callable[[], None]:
-        return subscribe(self.listeners.created, listener)
+        return subscribe_sync("session/created", self.listeners.created, listener)
 
     def on_event(self, listener: EventListener) -> Callable[[], None]:
-        return subscribe(self.listeners.event, listener)
+        return subscribe_sync("session/event", self.listeners.event, listener)
 
     def on_disposed(self, listener: DisposedListener) -> Callable[[], None]:
-        return subscribe(self.listeners.disposed, listener)
+        return subscribe_sync("session/disposed", self.listeners.disposed, listener)
 
     def add_pre_commit_hook(self, hook: PreCommitHook) -> Callable[[], None]:
-        return subscribe(self.listeners.pre_commit, hook)
+        return subscribe_sync("pre-commit", self.listeners.pre_commit, hook)
 
     def on_flush(self, listener: FlushListener) -> Callable[[], None]:
+        """A flush listener may be async (awaited) or a plain function."""
         return subscribe(self.listeners.flush, listener)
 
     async def aclose(self) -> None:
@@ -453,8 +635,19 @@ async def open_store(
     cancellation cancels the actors; every pending call fails, none hangs.
     """
     kwargs: dict[str, Any] = {} if supervisor is None else {"supervisor": supervisor}
-    async with ActorRuntime(name="store", **kwargs) as runtime:
-        store = Store(runtime, clock=clock, validator_factory=validator_factory)
-        yield store
-        with trio.CancelScope(shield=True):
-            await store.aclose()
+    store: Store | None = None
+    try:
+        async with ActorRuntime(name="store", **kwargs) as runtime:
+            store = Store(runtime, clock=clock, validator_factory=validator_factory)
+            yield store
+            with trio.CancelScope(shield=True):
+                await store.aclose()
+    finally:
+        if store is not None:
+            store._abandon()  # after an error exit, nothing was detached
+
+
+def _release(entry: Entry) -> None:
+    """Forget ``entry``'s attachment of its Session object (if it is still its own)."""
+    if _ATTACHED.get(entry.session) is entry:
+        del _ATTACHED[entry.session]

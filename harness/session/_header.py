@@ -134,11 +134,14 @@ def validate_header_record(raw: RawJson, session_id: str) -> SessionHeader:
 
 
 def snapshot_header(value: object, session_id: str) -> SessionHeader:
-    """Snapshot mode: JSON-walk and copy a borrowed header record, then validate it."""
+    """Snapshot mode: JSON-walk and copy a borrowed header record, then validate it.
+
+    The walk comes first (reference §3.1): a value that is not lossless JSON (a set,
+    a tuple, a class instance, a dict subclass) is "not losslessly JSON-serializable";
+    JSON that is not an object (a list, a string, ``None``) is "not a plain JSON record".
+    """
     if isinstance(value, SessionHeader):
         return validate_header_record(value.to_record(), session_id)
-    if type(value) is not dict:
-        raise HeaderError("session header is not a plain JSON record", session_id=session_id)
     try:
         raw = snapshot_raw(value, "session header")
     except NotJsonError:

@@ -22,6 +22,8 @@ import math
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeAlias, final, overload
 
+import orjson
+
 from harness.errors import NotJsonError
 
 if TYPE_CHECKING:
@@ -131,11 +133,14 @@ def _snapshot_raw(value: object) -> RawJson:
         return _snapshot_iterative(value)
 
 
-def _snapshot_iterative(value: object) -> RawJson:
+def _snapshot_iterative(value: object, tuples: bool = False) -> RawJson:
+    # ``tuples``: also take tuples as arrays (a raw tree's frozen arrays), copied as lists.
     t = type(value)
     if t is FrozenDict or t is FrozenList:
         return value._raw  # type: ignore[attr-defined]
-    if t is not dict and t is not list:
+    if t is tuple and tuples:
+        t = list
+    elif t is not dict and t is not list:
         if _valid_scalar(value, t):
             return value
         raise _Invalid
@@ -153,6 +158,8 @@ def _snapshot_iterative(value: object) -> RawJson:
                 if type(k) is not str or not _valid_str(k):
                     raise _Invalid
                 vt = type(v)
+                if vt is tuple and tuples:
+                    vt = list
                 if vt is dict or vt is list:
                     if id(v) in on_path:
                         raise _Invalid
@@ -172,6 +179,8 @@ def _snapshot_iterative(value: object) -> RawJson:
             append = dst.append
             for v in it:
                 vt = type(v)
+                if vt is tuple and tuples:
+                    vt = list
                 if vt is dict or vt is list:
                     if id(v) in on_path:
                         raise _Invalid
@@ -193,10 +202,13 @@ def _snapshot_iterative(value: object) -> RawJson:
     return root_out
 
 
-def snapshot_raw(value: object, what: str = "value") -> RawJson:
-    """Validate and deep-copy ``value`` into a raw tree; :class:`NotJsonError` if invalid."""
+def snapshot_raw(value: object, what: str = "value", *, raw_arrays: bool = False) -> RawJson:
+    """Validate and deep-copy ``value`` into a raw tree; :class:`NotJsonError` if invalid.
+
+    ``raw_arrays``: ``value`` may be a raw tree, whose arrays can be tuples (a slower walk).
+    """
     try:
-        return _snapshot_raw(value)
+        return _snapshot_iterative(value, True) if raw_arrays else _snapshot_raw(value)
     except _Invalid:
         raise NotJsonError(f"{what} is not losslessly JSON-serializable") from None
 
@@ -281,36 +293,63 @@ def thaw(value: JsonValue | RawJson) -> Any:
     return root
 
 
-def raw_equal(a: RawJson, b: RawJson) -> bool:
-    """Deep equality of two raw trees, safe at any depth.
+def raw_equal(a: RawJson, b: RawJson, *, ordered: bool = False) -> bool:
+    """Deep equality of two JSON values under JSON's rules, safe at any depth.
 
-    Python's ``==`` on containers recurses in C and raises RecursionError on very deep
-    trees, so that case falls back to an iterative walk. Scalars compare as Python
-    compares them (``True == 1``), in both paths.
+    Type-strict where Python's ``==`` is not: a boolean is not a number (``true != 1``,
+    ``false != 0``); numbers compare by value (``1 == 1.0``: JSON, and the reference's
+    JavaScript, has one number type); a tuple equals the list it froze. Object key
+    order is irrelevant unless ``ordered`` (the reference's serialized-JSON equality,
+    used for request-header tools). Frozen views compare by their raw trees.
     """
+    if a is b:
+        return True
     try:
-        if a == b:
+        # Identical JSON text is equal JSON, whatever the container types: orjson is
+        # C-fast and writes tuples as arrays. It refuses views, non-JSON values and very
+        # deep trees, and writes NaN and the infinities as null (a borrowed value may
+        # hold them): the walk decides those, and every text that differs.
+        text = orjson.dumps(a)
+        if text == orjson.dumps(b) and b"null" not in text:
             return True
-    except RecursionError:
+    except orjson.JSONEncodeError:
         pass
-    # Unequal under ==, or too deep: decide with the walk that treats list == tuple.
-    return _raw_equal_iterative(a, b)
+    return _raw_equal_iterative(a, b, ordered)
 
 
-def _raw_equal_iterative(a: RawJson, b: RawJson) -> bool:
+def _raw_equal_iterative(a: RawJson, b: RawJson, ordered: bool) -> bool:
     stack = [(a, b)]
     while stack:
         x, y = stack.pop()
         tx, ty = type(x), type(y)
+        if tx is FrozenDict or tx is FrozenList:
+            x = x._raw
+            tx = type(x)
+        if ty is FrozenDict or ty is FrozenList:
+            y = y._raw
+            ty = type(y)
         if tx is dict:
-            if ty is not dict or x.keys() != y.keys():
+            if ty is not dict or len(x) != len(y):
+                return False
+            if ordered:
+                if list(x) != list(y):
+                    return False
+            elif x.keys() != y.keys():
                 return False
             stack.extend((v, y[k]) for k, v in x.items())
         elif tx is list or tx is tuple:
             if (ty is not list and ty is not tuple) or len(x) != len(y):
                 return False
             stack.extend(zip(x, y, strict=True))
-        elif ty is dict or ty is list or ty is tuple or x != y:
+        elif ty is dict or ty is list or ty is tuple:
+            return False
+        elif tx is bool or ty is bool:
+            if tx is not ty or x is not y:
+                return False
+        elif (tx is int or tx is float) and (ty is int or ty is float):
+            if x != y:
+                return False
+        elif tx is not ty or x != y:
             return False
     return True
 

@@ -5,18 +5,38 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-import orjson
-
 from harness.session._events import Event
-from harness.session._json import ARRAY, FrozenDict, JsonValue, adopt, raw_of
+from harness.session._json import (
+    ARRAY,
+    FrozenDict,
+    JsonValue,
+    adopt,
+    raw_equal,
+    raw_of,
+    snapshot_raw,
+)
 
 _CONFIG_FIELDS = ("provider", "model", "reasoningEffort", "temperature", "maxTokens")
 
 
-def canonical_header(header: JsonValue) -> FrozenDict:
+def canonical_header(header: JsonValue | dict[str, Any]) -> FrozenDict:
     """Keep ``config``; keep ``adapterDefaults`` only if a marker is true; drop empty
-    ``system`` and empty ``tools``."""
-    raw: dict[str, Any] = dict(raw_of(header)) if type(raw_of(header)) is dict else {}
+    ``system`` and empty ``tools``.
+
+    The result is frozen all the way down: a frozen header (from the log) shares its
+    immutable tree; a plain ``dict`` is validated and deep-copied first
+    (:class:`~harness.errors.NotJsonError` if it is not lossless JSON), so a caller's
+    later mutation never reaches the result.
+    """
+    t = type(header)
+    raw: dict[str, Any]
+    if t is FrozenDict:
+        raw = dict(header._raw)  # type: ignore[union-attr]  # nested raw trees are never mutated: share them
+    elif t is dict:
+        # Borrowed (or a raw tree of the log, arrays as tuples): copy it whole.
+        raw = snapshot_raw(header, "request header", raw_arrays=True)
+    else:
+        raw = {}
     ad = raw.get("adapterDefaults")
     if not (type(ad) is dict and any(v is True for v in ad.values())):
         raw.pop("adapterDefaults", None)
@@ -27,15 +47,20 @@ def canonical_header(header: JsonValue) -> FrozenDict:
     return adopt(raw)  # type: ignore[return-value]
 
 
+_ABSENT: Any = object()
+
+
 def header_equals(a: JsonValue, b: JsonValue) -> bool:
-    """Equality of two epoch headers under the reference's rules."""
+    """Equality of two epoch headers under the reference's rules, type-strict like
+    JavaScript's ``===`` (``true`` is not ``1``; ``1.0`` is ``1``): config fields
+    (``stop`` element-wise; absent differs from empty), the same ``adapterDefaults``
+    markers, the same ``system``, tools in order by serialized-JSON equality (key order
+    counts; absent equals empty)."""
     ra, rb = raw_of(a), raw_of(b)
     ca, cb = ra.get("config") or {}, rb.get("config") or {}
-    for f in _CONFIG_FIELDS:
-        if ca.get(f) != cb.get(f) or (f in ca) != (f in cb):
+    for f in (*_CONFIG_FIELDS, "stop"):
+        if not raw_equal(ca.get(f, _ABSENT), cb.get(f, _ABSENT)):
             return False
-    if ("stop" in ca) != ("stop" in cb) or ca.get("stop") != cb.get("stop"):
-        return False
 
     def markers(r: dict[str, Any]) -> frozenset[str]:
         ad = r.get("adapterDefaults")
@@ -43,12 +68,12 @@ def header_equals(a: JsonValue, b: JsonValue) -> bool:
 
     if markers(ra) != markers(rb):
         return False
-    if (ra.get("system") or None) != (rb.get("system") or None):
+    if not raw_equal(ra.get("system") or None, rb.get("system") or None):
         return False
-    ta, tb = ra.get("tools") or [], rb.get("tools") or []
+    ta, tb = ra.get("tools") or (), rb.get("tools") or ()
     if len(ta) != len(tb):
         return False
-    return all(orjson.dumps(x) == orjson.dumps(y) for x, y in zip(ta, tb, strict=True))
+    return all(raw_equal(x, y, ordered=True) for x, y in zip(ta, tb, strict=True))
 
 
 def fold_request_header(events: Iterable[Event], from_: FrozenDict | None = None) -> FrozenDict | None:

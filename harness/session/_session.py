@@ -48,6 +48,7 @@ from harness.session._surface import (
     SurfacePlan,
     SurfaceState,
     plan_surface,
+    raw_surface_metadata,
 )
 
 Clock = Callable[[], int]
@@ -163,6 +164,7 @@ class Session:
         "_clock",
         "_derive",
         "_events",
+        "_events_view",
         "_first_live_seq",
         "_header",
         "_last_bracket",
@@ -180,6 +182,7 @@ class Session:
         if _token is not _PRIVATE:
             raise TypeError("use Session.create() or Session.restore()")
         self._events = Log()
+        self._events_view: EventLog | None = None
         self._surface = SurfaceState()
         self._derive = DeriveCache()
         self._first_live_seq = 0
@@ -455,11 +458,7 @@ class Session:
                 session_id=sid,
             )
         if event is not None:
-            op: Any = event.surface_op
-            raw_op = _MISSING if op is None else (op if op == APPEND else op.to_raw())
-            raw_src: Any = (
-                _MISSING if event.source_event_seqs is None else list(event.source_event_seqs)
-            )
+            raw_op, raw_src = raw_surface_metadata(event)
         else:
             raw_op = rec.get("surfaceOp", _MISSING)  # type: ignore[union-attr]
             raw_src = rec.get("sourceEventSeqs", _MISSING)  # type: ignore[union-attr]
@@ -486,6 +485,12 @@ class Session:
                 plan.source_event_seqs,
                 "ignorable" in rec,  # type: ignore[operator]
             )
+        elif event.surface_op != plan.surface_op or type(event.source_event_seqs) is not type(
+            plan.source_event_seqs
+        ):
+            # A directly built Event may carry its metadata in record form (a dict op,
+            # a list of seqs): the log keeps the canonical form.
+            event = attrs.evolve(event, surface_op=plan.surface_op, source_event_seqs=plan.source_event_seqs)
         if self._validator is not None:
             self._vstate = self._validator.check(self._vstate, event)
         self._surface.apply(plan)
@@ -519,8 +524,13 @@ class Session:
 
     @property
     def events(self) -> EventLog:
-        """An immutable snapshot of the log, O(1); it never grows."""
-        return EventLog(self._events, len(self._events))
+        """An immutable snapshot of the log, O(1); it never grows. The same object on
+        every read until the next append (reference §1.3)."""
+        v = self._events_view
+        n = len(self._events)
+        if v is None or len(v) != n:
+            v = self._events_view = EventLog(self._events, n)
+        return v
 
     def event(self, seq: int) -> Event:
         return self._events[seq]
@@ -536,8 +546,10 @@ class Session:
 
     @property
     def surface(self) -> SurfaceNodes:
-        """A live read-only view of the surface nodes (see ``.generation``)."""
-        return SurfaceNodes(self._surface)
+        """The surface nodes as an immutable O(1) view (see ``.generation``): the same
+        object on every read until the surface changes, and a held view never changes
+        (neither an append nor a replace reaches it)."""
+        return self._surface.view()
 
     @property
     def generation(self) -> int:
@@ -620,6 +632,23 @@ class Session:
         if self._events.type_at(mark) != "turn/start":
             return _NO_TURN
         return self._turn_of(mark)
+
+    def replay(self, validator: AppendValidator) -> Any:
+        """The state ``validator`` reaches over the whole log, as if it had checked every
+        event since construction (its ``begin_seed`` sees the seed's types); raises its
+        veto. Reads only: the session is not changed. O(n).
+
+        The store uses it to put a validator on a live session (``Store.install_validator``).
+        """
+        state = validator.initial()
+        hook = getattr(validator, "begin_seed", None)
+        if hook is not None:
+            type_at = self._events.type_at
+            state = hook(state, (type_at(i) for i in range(self._first_live_seq)))
+        check = validator.check
+        for ev in self._events:
+            state = check(state, ev)
+        return state
 
     # -- appending --------------------------------------------------------------------
 

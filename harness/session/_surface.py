@@ -8,12 +8,13 @@ position and bumps ``generation``.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Final
 
 import attrs
 
 from harness.errors import SurfaceError
+from harness.session._derive import SnapshotView
 from harness.session._events import (
     APPEND,
     SURFACE_TYPES,
@@ -57,14 +58,29 @@ class SurfaceFold:
 
 
 class SurfaceState:
-    """Mutable surface state owned by one Session (or by a fold)."""
+    """Mutable surface state owned by one Session (or by a fold).
 
-    __slots__ = ("_pos", "generation", "nodes")
+    ``nodes`` only ever grows at its end, except under a replace: a replace that
+    would rewrite positions some handed-out :class:`SurfaceNodes` view covers builds
+    a new list instead (copy-on-write), so a view never changes under its holder.
+    """
+
+    __slots__ = ("_pos", "_view", "generation", "nodes")
 
     def __init__(self) -> None:
         self.nodes: list[int] = []
         self._pos: dict[int, int] | None = {}
         self.generation = 0
+        self._view: SurfaceNodes | None = None
+
+    def view(self) -> SurfaceNodes:
+        """The current nodes as an immutable view: O(1), and the same object until the
+        surface changes."""
+        v = self._view
+        nodes = self.nodes
+        if v is None or v._items is not nodes or v._n != len(nodes):
+            v = self._view = SurfaceNodes(nodes, len(nodes), self.generation)
+        return v
 
     def clone(self) -> SurfaceState:
         other = SurfaceState()
@@ -97,8 +113,30 @@ class SurfaceState:
             pos[plan.seq] = i
         else:
             self._pos = None  # positions after the span moved: rebuilt on first use
-        self.nodes[i : j + 1] = [plan.seq]
+        nodes = self.nodes
+        v = self._view
+        if v is not None and v._items is nodes and i < v._n:
+            # A handed-out view covers position i: leave its list alone.
+            fresh = nodes[:i]
+            fresh.append(plan.seq)
+            fresh += nodes[j + 1 :]
+            self.nodes = fresh
+        else:
+            nodes[i : j + 1] = [plan.seq]
         self.generation += 1
+
+
+def raw_surface_metadata(event: Event) -> tuple[RawJson, RawJson]:
+    """An event's ``(surfaceOp, sourceEventSeqs)`` as :func:`plan_surface` takes them:
+    ``_MISSING`` when absent, else as given (a :class:`ReplaceOp` as its record). An
+    :class:`Event` built directly is unchecked: its metadata is validated here like a
+    record's, never coerced (a string is not a list of seqs)."""
+    op: Any = event.surface_op
+    src: Any = event.source_event_seqs
+    return (
+        _MISSING if op is None else op.to_raw() if isinstance(op, ReplaceOp) else op,
+        _MISSING if src is None else src,
+    )
 
 
 def _event_label(type_: str) -> str:
@@ -235,17 +273,15 @@ def fold_surface(events: Sequence[Event], base_seq: int = 0) -> SurfaceFold:
         return window[seq - base_seq]
 
     for i, ev in enumerate(window):
-        op = ev.surface_op
+        raw_op, raw_src = raw_surface_metadata(ev)
         plan = plan_surface(
             state,
             type_=ev.type,
             seq=ev.seq,
             expected_seq=base_seq + i,
             data=raw_of(ev.data),
-            surface_op=_MISSING if op is None else (op if isinstance(op, str) else op.to_raw()),
-            source_event_seqs=_MISSING
-            if ev.source_event_seqs is None
-            else list(ev.source_event_seqs),
+            surface_op=raw_op,
+            source_event_seqs=raw_src,
             event_at=event_at,
         )
         if isinstance(plan.surface_op, ReplaceOp):
@@ -257,27 +293,19 @@ def fold_surface(events: Sequence[Event], base_seq: int = 0) -> SurfaceFold:
     return SurfaceFold(tuple(state.nodes), tuple(replacements))
 
 
-class SurfaceNodes(Sequence[int]):
-    """A live, read-only view of a session's surface nodes (seqs in surface order)."""
+class SurfaceNodes(SnapshotView[int]):
+    """A session's surface nodes (seqs in surface order) at one moment: an immutable
+    view, O(1) to make, that never changes under its holder (neither an append nor a
+    replace reaches it). ``session.surface`` is the same object until the surface
+    changes. Slices are tuples; it equals a list or tuple of the same seqs."""
 
-    __slots__ = ("_state",)
+    __slots__ = ("_generation",)
 
-    def __init__(self, state: SurfaceState) -> None:
-        self._state = state
-
-    def __getitem__(self, i):  # type: ignore[no-untyped-def]
-        return self._state.nodes[i]
-
-    def __len__(self) -> int:
-        return len(self._state.nodes)
-
-    def __iter__(self) -> Iterator[int]:
-        return iter(self._state.nodes)
-
-    def __repr__(self) -> str:
-        return f"SurfaceNodes({self._state.nodes!r})"
+    def __init__(self, nodes: list[int], n: int, generation: int) -> None:
+        super().__init__(nodes, n)
+        self._generation = generation
 
     @property
     def generation(self) -> int:
-        """The number of replaces committed so far."""
-        return self._state.generation
+        """The number of replaces committed when this view was taken."""
+        return self._generation
