@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import logging
 import sys
 from collections.abc import Awaitable, Callable, Sequence
@@ -17,25 +18,38 @@ log = logging.getLogger("actors")
 
 T = TypeVar("T")
 
+# The order in which lifetimes closed, process-wide: "first canceller wins" compares it.
+_close_order = itertools.count()
+
 
 class Lifetime:
     """Something that can end: an owner, or a runtime's teardown.
 
     Closing it (``close(reason)``, synchronous, idempotent: the first reason wins)
     cancels every wait bound to it; those waits raise :class:`LifetimeClosedError`
-    carrying the reason.
+    carrying the reason. ``closed_order`` says when it closed relative to every other
+    lifetime of the process (``None`` while open): a wait bound to several reports
+    the one that closed first (:meth:`first_closed`).
     """
 
     def __init__(self, name: str) -> None:
         self.name = name
         self.reason: object = None
         self.closed = False
+        self.closed_order: int | None = None
         self._scopes: set[trio.CancelScope] = set()
+
+    @staticmethod
+    def first_closed(lifetimes: Sequence[Lifetime]) -> Lifetime | None:
+        """The lifetime of ``lifetimes`` that closed first (``None`` if none did)."""
+        closed = [lt for lt in lifetimes if lt.closed]
+        return min(closed, key=lambda lt: lt.closed_order or 0, default=None)
 
     def close(self, reason: object) -> None:
         if self.closed:
             return
         self.closed = True
+        self.closed_order = next(_close_order)
         self.reason = reason
         for scope in list(self._scopes):
             scope.cancel()
@@ -162,8 +176,8 @@ async def run_abandonable(
 
     The wait is cancelled by the caller (ordinary Trio cancellation: ``Cancelled``
     propagates) or by any of ``lifetimes`` closing (raises
-    :class:`LifetimeClosedError` with the first reason). If a lifetime is already
-    closed, the operation is not started.
+    :class:`LifetimeClosedError` naming the lifetime that closed *first*, with its
+    reason). If a lifetime is already closed, the operation is not started.
 
     Abandoning the wait cancels the operation. Ownership: if it still produces a
     result (a shielded step or a worker thread cannot be interrupted), the result
@@ -175,9 +189,9 @@ async def run_abandonable(
     cancellation (``KeyboardInterrupt``, ``SystemExit``, a group holding one)
     propagates into ``nursery``, as Trio propagates it anywhere else.
     """
-    for lt in lifetimes:
-        if lt.closed:
-            raise LifetimeClosedError(lt.name, lt.reason)
+    first = Lifetime.first_closed(lifetimes)
+    if first is not None:
+        raise LifetimeClosedError(first.name, first.reason)
     slot: _Slot[T] = _Slot()
 
     async def child() -> None:
@@ -231,7 +245,7 @@ async def run_abandonable(
             raise
     if scope.cancelled_caught and not slot.delivered:
         await _abandon(slot, dispose)
-        closed = next((lt for lt in lifetimes if lt.closed), None)
+        closed = Lifetime.first_closed(lifetimes)
         raise LifetimeClosedError(
             closed.name if closed else name, closed.reason if closed else "abandoned"
         )
@@ -241,8 +255,9 @@ async def run_abandonable(
     if scope.cancelled_caught and isinstance(slot.result, outcome.Value):
         # Delivered, but a lifetime closed in the same moment: honour the closure.
         await _dispose_shielded(dispose, slot.result.value)
-        closed = next(lt for lt in lifetimes if lt.closed)
-        raise LifetimeClosedError(closed.name, closed.reason)
+        first = Lifetime.first_closed(lifetimes)
+        assert first is not None
+        raise LifetimeClosedError(first.name, first.reason)
     return slot.result.unwrap()
 
 

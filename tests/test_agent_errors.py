@@ -221,8 +221,11 @@ async def test_a_provider_that_never_closes_its_stream_is_bounded(caplog: pytest
 
 
 async def test_dispose_waits_for_a_wedged_turn_only_so_long(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    started = trio.Event()
+
     @tool("wedge", "Ignores cancellation")
     async def wedge(args: dict[str, Any]) -> Any:
+        started.set()
         with trio.CancelScope(shield=True):
             await trio.sleep(1.0)  # far beyond the grace below
         return "late"
@@ -239,7 +242,7 @@ async def test_dispose_waits_for_a_wedged_turn_only_so_long(tmp_path: Path, capl
                         await h.run_turn("go")
 
                 n.start_soon(turn)
-                await trio.sleep(0.02)
+                await started.wait()  # the body runs (a dispose before it would stop it)
                 with trio.fail_after(0.5):
                     await h.dispose()  # returns after the grace, not after the tool
                 assert h.disposed and await store.get("a") is None

@@ -40,6 +40,7 @@ from harness.agent._loop import (
     AgentHandle,
     AgentLoop,
     AgentLoopError,
+    AgentSetupAbortedError,
     open_agent_loop,
 )
 from harness.agent._scripted import Call, Delay, Fail, Say, ScriptedProvider, Think, Truncated
@@ -75,6 +76,7 @@ __all__ = [
     "AgentHooks",
     "AgentLoop",
     "AgentLoopError",
+    "AgentSetupAbortedError",
     "Call",
     "Command",
     "CommandError",

@@ -700,24 +700,48 @@ class Agent:
         )
 
         async def run_one(call: dict[str, Any]) -> None:
-            async with self._limiter:
-                if self.checkpoint is not None:
-                    await self.checkpoint.before_tool(s)
-                tool = self.tools.get(call["name"])
-                error: dict[str, str] | None = None
-                if tool is None:
-                    text, error = f"Error: unknown tool {call['name']!r}", {"name": "UnknownToolError", "code": "UNKNOWN_TOOL"}
-                else:
-                    try:
-                        args = orjson.loads(call["arguments"] or "{}")
-                        result = await tool.fn(args if isinstance(args, dict) else {"value": args})
-                        text = result if isinstance(result, str) else orjson.dumps(result).decode()
-                    except trio.Cancelled:
-                        raise
-                    except Exception as exc:
-                        text = f"Error: {exc}"
-                        error = {"name": type(exc).__name__, "code": getattr(exc, "code", "TOOL_FAILED")}
-                await s.append("tool/result", _tool_result(turn, step.step, call["id"], text, error), surface_op="append")
+            # Reference §4.2: flush before the body; a failed flush is this call's
+            # error result (the body never runs, the turn goes on); a turn cancelled
+            # before the body started (queued on the limiter, during the flush, or
+            # with the flush done but the cancellation not yet delivered) records
+            # TOOL_ABORTED_BEFORE_DISPATCH and the body never starts.
+            body_started = False
+            try:
+                async with self._limiter:
+                    error: dict[str, str] | None = None
+                    flush_failure: Exception | None = None
+                    if self.checkpoint is not None:
+                        try:
+                            await self.checkpoint.before_tool(s)
+                        except Exception as exc:  # Cancelled is a BaseException: it propagates
+                            flush_failure = exc
+                    # The flush may have returned with a cancellation pending (the call
+                    # contract delivers it at the next checkpoint): deliver it here,
+                    # before any of the body runs.
+                    await trio.lowlevel.checkpoint_if_cancelled()
+                    tool = self.tools.get(call["name"])
+                    if flush_failure is not None:
+                        log.warning('agent "%s": the before-tool flush failed: %s', self.id, flush_failure)
+                        text = f"Error: {flush_failure}"
+                        error = {"name": type(flush_failure).__name__, "code": getattr(flush_failure, "code", "TOOL_FAILED")}
+                    elif tool is None:
+                        text, error = f"Error: unknown tool {call['name']!r}", {"name": "UnknownToolError", "code": "UNKNOWN_TOOL"}
+                    else:
+                        body_started = True
+                        try:
+                            args = orjson.loads(call["arguments"] or "{}")
+                            result = await tool.fn(args if isinstance(args, dict) else {"value": args})
+                            text = result if isinstance(result, str) else orjson.dumps(result).decode()
+                        except trio.Cancelled:
+                            raise
+                        except Exception as exc:
+                            text = f"Error: {exc}"
+                            error = {"name": type(exc).__name__, "code": getattr(exc, "code", "TOOL_FAILED")}
+                    await s.append("tool/result", _tool_result(turn, step.step, call["id"], text, error), surface_op="append")
+            except trio.Cancelled:
+                if not body_started:
+                    await self._abort_before_dispatch(turn, step.step, call["id"])
+                raise
 
         failures: list[Exception] = []
 
@@ -725,7 +749,7 @@ class Agent:
             try:
                 await run_one(call)
             except Exception as exc:
-                # The runtime failed under a tool (a flush, a dead session): the
+                # The runtime failed under a tool (its result append, a dead session): the
                 # step cannot go on. Stop the siblings and report one typed error,
                 # not an ExceptionGroup.
                 failures.append(exc)
@@ -736,6 +760,23 @@ class Agent:
                 nursery.start_soon(guarded, call, nursery.cancel_scope)
         if failures:
             raise failures[0]
+
+    async def _abort_before_dispatch(self, turn: int, step: int, call_id: str) -> None:
+        """Answer a call whose body never started with the reference's
+        ``TOOL_ABORTED_BEFORE_DISPATCH`` result (shielded; called while a cancellation
+        propagates). A failed append is left to :meth:`_close_step`, which reads the
+        log and answers whatever is still unanswered (``TOOL_ABORTED``)."""
+        s = self.session
+        with trio.CancelScope(shield=True):
+            logged = _logged_in_step(s, turn, step)
+            if logged is None or call_id in logged[2]:
+                return  # the step is closed, or the call is answered already
+            text = "Error: tool call aborted before dispatch"
+            error = {"name": "AbortError", "code": "TOOL_ABORTED_BEFORE_DISPATCH"}
+            try:
+                await s.append("tool/result", _tool_result(turn, step, call_id, text, error), surface_op="append")
+            except (HarnessError, ActorError) as exc:
+                log.warning('agent "%s": recording an aborted tool call failed: %s', self.id, exc)
 
     async def _close_step(self, turn: int, step: _Step | None, *, committed_stream: bool) -> None:
         """Close an interrupted step so the log stays balanced (runs shielded).

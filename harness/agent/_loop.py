@@ -37,6 +37,24 @@ class AgentAlreadyRegisteredError(AgentLoopError):
     code = "AGENT_ALREADY_REGISTERED"
 
 
+class AgentSetupAbortedError(LifetimeClosedError):
+    """:meth:`AgentLoop.resume` or :meth:`AgentLoop.create` was aborted by the owner
+    or the loop's teardown, whichever closed first (reference §5.2).
+
+    The message is the reference's wording: ``agent "<id>" setup aborted: owner
+    disposed during setup`` (the owner) or ``agent loop is not active`` (the
+    teardown). ``lifetime`` names the lifetime and ``reason`` is the value it was
+    closed with, as for any :class:`LifetimeClosedError`.
+    """
+
+    def __init__(self, lifetime: str, reason: object, message: str) -> None:
+        super().__init__(lifetime, reason)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+
 @final
 class AgentHandle:
     """A published agent and its session. :meth:`dispose` is idempotent."""
@@ -78,6 +96,9 @@ class AgentHandle:
         Called from inside the agent's own turn (a tool disposing its agent), it
         cancels the turn and returns at once (waiting there would wait for itself).
         """
+        await self._dispose(wait=not self.agent.in_turn())
+
+    async def _dispose(self, *, wait: bool) -> None:
         if not self._disposing:
             self._disposing = True
             self.agent.disposed = True  # before any checkpoint: no new turn can start
@@ -87,7 +108,7 @@ class AgentHandle:
             except RuntimeError:
                 # The loop's nursery has closed (the loop is gone): tear down here.
                 await self._teardown()
-        if not self.agent.in_turn():
+        if wait:
             await self._disposed.wait()
 
     async def _teardown(self) -> None:
@@ -123,9 +144,14 @@ class AgentLoop:
     each publishes nothing and leaks nothing:
 
     * the **caller** (ordinary Trio cancellation): ``Cancelled`` propagates;
-    * the **owner** closing: raises :class:`LifetimeClosedError` with its reason;
-    * the loop's **teardown**: raises :class:`LifetimeClosedError`
+    * the **owner** closing: raises :class:`AgentSetupAbortedError` (a
+      :class:`LifetimeClosedError`: ``agent "<id>" setup aborted: owner disposed
+      during setup``, ``reason`` the owner's close reason);
+    * the loop's **teardown**: raises :class:`AgentSetupAbortedError`
       ("agent loop is not active").
+
+    When both the owner and the teardown closed, the one that closed first is
+    reported (the reference's fused signal: first abort wins).
 
     The preparation runs as a child of the loop's nursery; if the wait is abandoned and
     the preparation still completes, that child disposes it — so when the loop exits,
@@ -248,9 +274,12 @@ class AgentLoop:
                 self.stats["disposed"] += 1
             await prep.dispose()
 
-        prep = await run_abandonable(
-            self._nursery, counted_prepare, dispose=dispose_prep, lifetimes=lifetimes, name=f"prepare {name}"
-        )
+        try:
+            prep = await run_abandonable(
+                self._nursery, counted_prepare, dispose=dispose_prep, lifetimes=lifetimes, name=f"prepare {name}"
+            )
+        except LifetimeClosedError as exc:
+            raise self._aborted(name, owner, exc) from None
         try:
             with trio.CancelScope() as scope, bind_all(lifetimes, scope):
                 await self.faults.point("open.prepared")
@@ -259,13 +288,32 @@ class AgentLoop:
                     await self.faults.point("open.setup")
                 handle = await self._publish(prep, owner, source)
             if scope.cancelled_caught:
-                closed = next(lt for lt in lifetimes if lt.closed)
-                raise LifetimeClosedError(closed.name, closed.reason)
+                raise self._aborted(name, owner, None)
             return handle
+        except AgentSetupAbortedError:
+            raise
+        except LifetimeClosedError as exc:
+            # E.g. owner.start_soon refusing a closed owner in the last publication
+            # step (already unwound): still the first canceller's abort.
+            raise self._aborted(name, owner, exc) from None
         finally:
             if prep not in self._counted:
                 with trio.CancelScope(shield=True):
                     await dispose_prep(prep)
+
+    def _aborted(self, name: str, owner: Owner, exc: LifetimeClosedError | None) -> LifetimeClosedError:
+        """The abort of an open, in the reference's wording, for the canceller (owner
+        or teardown) that closed first. ``exc`` is returned unchanged when neither
+        closed (it came from somewhere else)."""
+        first = Lifetime.first_closed([owner, self.teardown])
+        if first is None:
+            assert exc is not None
+            return exc
+        if first is owner:
+            message = f'agent "{name}" setup aborted: owner disposed during setup'
+        else:
+            message = "agent loop is not active"
+        return AgentSetupAbortedError(first.name, first.reason, message)
 
     async def _publish(self, prep: Any, owner: Owner, source: str) -> AgentHandle:
         store = self.store
@@ -327,9 +375,12 @@ class AgentLoop:
             finally:
                 # Also when a dispose is already under way (e.g. started from inside
                 # the turn, finishing in the loop's nursery): the owner's aclose
-                # returns only once its agents are disposed.
+                # returns only once its agents are disposed (agent/disposed and
+                # session/disposed emitted). Always wait: this task is never part of
+                # the turn, even when it descends from the task running it (an owner
+                # opened by that task), so waiting cannot wait for itself.
                 with trio.CancelScope(shield=True):
-                    await handle.dispose()
+                    await handle._dispose(wait=True)
 
     async def aclose(self) -> None:
         """Stop accepting, close the teardown lifetime, dispose every live agent.
