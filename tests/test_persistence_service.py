@@ -210,3 +210,29 @@ async def test_flush_drains_events_enqueued_while_it_runs(tmp_path: Path) -> Non
         # Both flushes returned: the event enqueued during the write is durable too.
         assert [e["seq"] for e in await p.read_from("f", 0)] == [0, 1]
         await store.detach(s)
+
+
+async def test_a_live_session_claims_an_envelope_session_whose_log_it_reproduces(tmp_path: Path) -> None:
+    async with open_store() as store, open_persistence(store, JsonlBackend(tmp_path)) as p:
+        await p.create(meta("k", cwd="/w"))
+        records = [ev(0), ev(1)]
+        await p.append("k", records)
+        # A fresh empty session with that id is refused at its creation (publication vetoed).
+        with pytest.raises(
+            SessionLogExistsError,
+            match=r'^session "k" is already persisted with 2 event\(s\) that do not match this live session \(id collision\)$',
+        ):
+            await store.create("k", cwd="/w")
+        assert await store.get("k") is None
+        with pytest.raises(SessionLogExistsError, match=r"at a different cwd \(persisted: /w, live: /x\) \(id collision\)$"):
+            await store.create("k", cwd="/x", seed=records)
+        # A seed that reproduces the stored log claims it: only the rest is written.
+        live = await store.create("k", cwd="/w", seed=records)
+        await live.append("user/message", user("more"), surface_op="append")
+        await live.flush()
+        stored = await p.read_from("k", 0)
+        assert [e["seq"] for e in stored] == [0, 1, 2, 3]
+        assert [e["type"] for e in stored][2:] == ["session/end-seed", "user/message"]
+        await store.detach(live)
+        await p.wait_retired("k")
+        assert (await p.inspect("k")).meta["createdAt"] == 5  # the stored header wins

@@ -155,6 +155,13 @@ class Persistence(ServiceMixin):
                 )
             del self._reserved[handle.id]
             writer = self._new_writer(session, materialized=True, cursor=reserved.cursor, lease=reserved._claim())
+        elif (claimed := self._claim_state(handle.id, session)) is not None:
+            # An envelope session of this service (create/append): the live session's
+            # seed reproduced it, so it continues the stored log; the stored header wins.
+            writer = self._new_writer(
+                session, materialized=claimed.materialized, cursor=claimed.cursor, lease=None
+            )
+            writer._header = dict(claimed.meta)
         else:
             sid = handle.id
             box: list[SessionWriter] = []

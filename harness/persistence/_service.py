@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import attrs
+import orjson
 import trio
 
 from harness.errors import (
@@ -27,7 +28,7 @@ from harness.errors import (
     SessionTrackedError,
 )
 from harness.persistence._backend import StoredLog, header_record
-from harness.session import FrozenDict, event_to_record, freeze
+from harness.session import FrozenDict, event_to_record, freeze, thaw
 from harness.session._events import is_nonneg_safe_int, valid_envelope
 from harness.session._header import snapshot_header
 from harness.session._json import try_snapshot_raw
@@ -56,6 +57,9 @@ class _EnvelopeState:
     meta: dict[str, Any]  # the header record
     cursor: int  # stored length
     materialized: bool
+    # The stored events as compact JSON, so a live session that claims this id can be
+    # checked synchronously, at its creation (reference §2.4 case 1).
+    lines: list[bytes] = attrs.Factory(list)
 
 
 class ServiceMixin:
@@ -83,6 +87,33 @@ class ServiceMixin:
         self, session_id: str, records: list[Any], stored: StoredLog | None = None
     ) -> None:  # pragma: no cover
         raise NotImplementedError
+
+    def _claim_state(self, session_id: str, session: Any) -> _EnvelopeState | None:
+        """A live session is being created with an id this service tracks (created,
+        appended or adopted here): its seed must reproduce the stored events (reference
+        §2.4 case 1), else the creation is vetoed. Returns the state it claims."""
+        state = self._states.get(session_id)
+        if state is None:
+            return None
+        live_cwd, stored_cwd = session.header.cwd, state.meta.get("cwd")
+        if live_cwd != stored_cwd:
+            raise SessionLogExistsError(
+                f'session "{session_id}" is already persisted at a different cwd '
+                f"(persisted: {stored_cwd}, live: {live_cwd}) (id collision)",
+                session_id=session_id,
+            )
+        events = session.events
+        n = state.cursor
+        if len(events) < n or any(
+            _canonical(event_to_record(events[i])) != state.lines[i] for i in range(n)
+        ):
+            raise SessionLogExistsError(
+                f'session "{session_id}" is already persisted with {n} event(s) that do not match this live '
+                "session (id collision)",
+                session_id=session_id,
+            )
+        del self._states[session_id]
+        return state
 
     def _chain(self, session_id: str) -> trio.Lock:
         """Per-id FIFO serialisation of envelope operations (Trio's lock is fair)."""
@@ -192,6 +223,7 @@ class ServiceMixin:
             await trio.to_thread.run_sync(self._write, state, batch)
             state.cursor += len(batch)
             state.materialized = True
+            state.lines.extend(map(_canonical, batch))
 
     def _adopt(self, session_id: str) -> _EnvelopeState:
         """Blocking: take a stored session for appending; its repair is made durable."""
@@ -203,7 +235,8 @@ class ServiceMixin:
             records, closers = self._check_and_repair(session_id, stored)
             if stored.truncate_to is not None or closers:
                 self.backend.commit_repair(session_id, stored.truncate_to, closers, lease=lease)
-            return _EnvelopeState(header_record(stored.header), len(records) + len(closers), True)
+            lines = [_canonical(r) for r in records + closers]
+            return _EnvelopeState(header_record(stored.header), len(lines), True, lines)
         finally:
             lease.release()
 
@@ -326,12 +359,18 @@ class ServiceMixin:
         return await trio.to_thread.run_sync(work)
 
 
+def _canonical(record: object) -> bytes:
+    """A record's JSON with sorted keys: the claim check compares content, not the
+    key order a caller happened to use."""
+    return orjson.dumps(record, option=orjson.OPT_SORT_KEYS)
+
+
 def freeze_record(value: object) -> Any:
     return freeze(value)
 
 
-def _record(event: Any) -> dict[str, Any]:
-    return event_to_record(event)
+def _record(event: Any) -> Any:
+    return thaw(event_to_record(event))  # the record shares frozen (tuple) trees
 
 
 def refuse_legacy(session_id: str, rec: Any, raw_log: str = "") -> None:
