@@ -1,4 +1,4 @@
-"""The `harness` command: `harness demo`, `harness bench`, `harness chaos`."""
+"""The `harness` command: `harness demo`, `harness sessions`, `harness bench`, `harness chaos`."""
 
 from __future__ import annotations
 
@@ -20,7 +20,14 @@ def main(argv: list[str] | None = None) -> None:
 
     chaos = sub.add_parser("chaos", help="explore cancellations, I/O failures and crashes over built-in scenarios")
     add_arguments(chaos)
+    from harness._sessions_cli import register as register_sessions
+
+    register_sessions(sub)
     args = parser.parse_args(argv)
+    if args.command == "sessions":
+        from harness._sessions_cli import main as sessions_main
+
+        sys.exit(sessions_main(args))
     if args.command == "chaos":
         from harness.faults._cli import main as chaos_main
 

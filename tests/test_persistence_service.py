@@ -21,7 +21,7 @@ from harness.errors import (
 from harness.persistence import JsonlBackend, SqliteBackend, open_persistence
 from harness.runtime import open_store
 from harness.session import thaw
-from tests.helpers import user
+from tests.helpers import assistant, tool_call_block, user
 
 
 def meta(sid: str = "s", **extra: Any) -> dict[str, Any]:
@@ -236,3 +236,19 @@ async def test_a_live_session_claims_an_envelope_session_whose_log_it_reproduces
         await store.detach(live)
         await p.wait_retired("k")
         assert (await p.inspect("k")).meta["createdAt"] == 5  # the stored header wins
+
+
+async def test_inspect_shows_the_closers_of_an_unanswered_call(tmp_path: Path) -> None:
+    async with open_store() as store, open_persistence(store, JsonlBackend(tmp_path)) as p:
+        live = await store.create("u")
+        await live.append("turn/start", {"turn": 1})
+        await live.append("step/start", {"turn": 1, "step": 1})
+        await live.append("assistant/message", assistant(1, 1, "a1", [tool_call_block("c1")]), surface_op="append")
+        await live.append("tool/call", {"turn": 1, "step": 1, "callId": "c1", "name": "read", "arguments": "{}"})
+        await live.flush()
+        await store.detach(live)
+        await p.wait_retired("u")
+        seen = await p.inspect("u")
+        closer = seen.events[4]
+        assert closer["type"] == "tool/result" and list(closer["sourceEventSeqs"]) == [3]
+        assert [s.events[-1]["type"] for s in await p.list_snapshots()] == ["turn/end"]

@@ -270,8 +270,10 @@ class ServiceMixin:
         def work() -> SessionInspection:
             stored = self.backend.load(session_id)
             records, closers = self._check_and_repair(session_id, stored)
+            # Closers are records built from events (their arrays are tuples): thaw them.
             return SessionInspection(
-                freeze_record(header_record(stored.header)), tuple(freeze_record(r) for r in records + closers)
+                freeze_record(header_record(stored.header)),
+                tuple(freeze_record(r) for r in records) + tuple(freeze_record(thaw(c)) for c in closers),
             )
 
         return await trio.to_thread.run_sync(work)
