@@ -13,6 +13,7 @@ from harness.errors import (
     PersistenceArgumentError,
     PersistenceError,
     RawArtifactsUnsupportedError,
+    SessionCorruptionError,
     SessionFormatUnsupportedError,
     SessionLiveError,
     SessionLogExistsError,
@@ -252,3 +253,20 @@ async def test_inspect_shows_the_closers_of_an_unanswered_call(tmp_path: Path) -
         closer = seen.events[4]
         assert closer["type"] == "tool/result" and list(closer["sourceEventSeqs"]) == [3]
         assert [s.events[-1]["type"] for s in await p.list_snapshots()] == ["turn/end"]
+
+
+async def test_a_log_that_does_not_read_can_be_deleted(tmp_path: Path) -> None:
+    async with open_store() as store, open_persistence(store, JsonlBackend(tmp_path)) as p:
+        live = await store.create("bad")
+        await live.append("turn/start", {"turn": 1})
+        await live.append("turn/end", {"turn": 1, "reason": {"kind": "completed"}})
+        await live.flush()
+        await store.detach(live)
+        await p.wait_retired("bad")
+        path = Path(p.backend.locate("bad"))  # type: ignore[attr-defined]
+        lines = path.read_bytes().splitlines(keepends=True)
+        path.write_bytes(lines[0] + b"{not json\n" + b"".join(lines[1:]))  # corrupt before a turn/end
+        with pytest.raises(SessionCorruptionError):
+            await p.inspect("bad")
+        await p.delete("bad")
+        assert not path.exists() and await p.list() == []
