@@ -9,6 +9,7 @@ the public API, with the original chained as ``__cause__``.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import ClassVar
 
 
@@ -273,6 +274,30 @@ class ZstdUnavailableError(PersistenceError):
     """``compression="zstd"`` needs the optional ``zstandard`` package, which is missing."""
 
     code = "ZSTD_UNAVAILABLE"
+
+
+class SqliteSchemaError(StorageIOError):
+    """A file is not a session database this build may use: another application's,
+    another schema version (this port's own pre-17 schema included), drifted, or not
+    a SQLite database at all. Raised before anything in the file was written.
+
+    ``path``: the file; ``application_id``/``user_version``: what it holds (``None``
+    where it could not be read)."""
+
+    code = "SQLITE_SCHEMA_INCOMPATIBLE"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        path: Path,
+        application_id: int | None = None,
+        user_version: int | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.path = path
+        self.application_id = application_id
+        self.user_version = user_version
 
 
 class RecordEncodingError(PersistenceError):

@@ -13,7 +13,7 @@ REPO = Path(__file__).resolve().parent.parent
 PUBLIC = {
     "actors": {"Actor", "ActorRef", "ActorRuntime", "ActorError", "ActorStoppedError", "ActorCrashedError", "LifetimeClosedError", "Lifetime", "Owner", "Rejected", "ReplyOverdueError", "Supervisor", "bind_all", "run_abandonable", "run_bounded"},
     "harness.runtime": {"open_store", "Store", "StoreActor", "SessionActor", "SessionHandle", "PreparedSession", "Listeners", "check_fork_boundary"},
-    "harness.persistence": {"Backend", "CheckpointPolicy", "JsonlBackend", "OsFiles", "Persistence", "SessionInspection", "SessionPreparation", "SqliteBackend", "StoredLog", "WriterLease", "build_session", "encode_segment", "header_record", "open_persistence", "project_key"},
+    "harness.persistence": {"Backend", "CheckpointPolicy", "JsonlBackend", "OsFiles", "Persistence", "SessionInspection", "SessionPreparation", "SqliteBackend", "StoredLog", "WriterLease", "build_session", "encode_segment", "header_record", "migrate_legacy_sqlite", "open_persistence", "project_key"},
     "harness.faults": {
         "LIBRARY_ERRORS", "MUTATING_KINDS", "POWER_LOSS_KINDS", "Attempt", "ExploreReport", "Probe", "ReplayKey",
         "Scenario", "ScenarioError", "ScenarioFn", "Settings", "TaskInfo", "Violation", "builtin_scenarios",

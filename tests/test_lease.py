@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 import trio
 
-from harness.errors import FlushError, LeaseLostError, SessionLockedError
+from harness.errors import FlushError, LeaseLostError, SessionLockedError, SqliteSchemaError
 from harness.persistence import SqliteBackend, open_persistence
-from harness.persistence._sqlite import SCHEMA_VERSION, process_start_time
+from harness.persistence._sqlite import lease_path, migrate_legacy_sqlite, process_start_time
 from harness.runtime import open_store
 from tests.helpers import rec, user
 
@@ -26,7 +26,8 @@ def events(start: int, n: int) -> list[dict[str, Any]]:
 
 
 def fake_lease(path: Path, **row: Any) -> None:
-    """Write a lease row as some other holder would have left it."""
+    """Write a lease row as some other holder would have left it (in the lease file
+    beside the database: the reference's schema 17 admits no table of ours)."""
     values = {
         "session_id": "s",
         "fence": 7,
@@ -38,7 +39,7 @@ def fake_lease(path: Path, **row: Any) -> None:
         "expires": int(time.time() * 1000) + 3_600_000,
         **row,
     }
-    db = sqlite3.connect(path)
+    db = sqlite3.connect(lease_path(path))
     with db:
         db.execute(
             "INSERT OR REPLACE INTO leases (session_id, fence, token, host, pid, start_time, since, expires) "
@@ -49,7 +50,7 @@ def fake_lease(path: Path, **row: Any) -> None:
 
 
 def lease_row(path: Path) -> tuple[Any, ...]:
-    db = sqlite3.connect(path)
+    db = sqlite3.connect(lease_path(path))
     row = db.execute("SELECT fence, token, host, pid, start_time FROM leases WHERE session_id = 's'").fetchone()
     db.close()
     return tuple(row)
@@ -189,7 +190,7 @@ async def test_a_live_writer_fenced_off_fails_its_flush_and_writes_nothing(tmp_p
     assert len(SqliteBackend(path).load("s").records) == 1
 
 
-def test_a_v1_database_is_migrated_in_place(tmp_path: Path) -> None:
+def test_a_v1_database_is_refused_unchanged_and_can_be_copied(tmp_path: Path) -> None:
     path = tmp_path / "v1.db"
     db = sqlite3.connect(path, isolation_level=None)
     db.executescript(
@@ -213,17 +214,21 @@ def test_a_v1_database_is_migrated_in_place(tmp_path: Path) -> None:
         "INSERT INTO events VALUES ('s', 0, 'feedback/record', ?)",
         ('{"type":"feedback/record","seq":0,"time":1,"data":{}}',),
     )
-    now = int(time.time() * 1000)  # an unexpired v1 lease of an impossible (dead) pid
+    now = int(time.time() * 1000)
     db.execute("INSERT INTO leases VALUES ('s', 'old', 2147483000, ?, ?)", (socket.gethostname(), now))
     db.close()
-    backend = SqliteBackend(path)
+    before = path.read_bytes()
+    with pytest.raises(SqliteSchemaError) as info:
+        SqliteBackend(path).load("s")
+    assert str(path) in str(info.value) and "schema version 1" in str(info.value)
+    assert info.value.user_version == 1
+    assert path.read_bytes() == before and not lease_path(path).exists()
+    assert migrate_legacy_sqlite(path, tmp_path / "new.db") == 1
+    assert path.read_bytes() == before
+    backend = SqliteBackend(tmp_path / "new.db")
     assert [r["seq"] for r in backend.load("s").records] == [0]
-    check = sqlite3.connect(path)
-    assert check.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 2
-    assert check.execute("SELECT fence, token, pid, start_time FROM leases").fetchall() == [(1, "old", 2147483000, None)]
-    check.close()
-    lease = backend.acquire_writer(H)  # the v1 holder (an impossible pid) is dead: taken over
-    assert lease_row(path)[0] == 2
+    lease = backend.acquire_writer(H)  # leases are not copied
+    assert lease_row(tmp_path / "new.db")[0] == 1
     lease.release()
 
 

@@ -18,7 +18,7 @@ from harness.persistence._coordinator import (
 from harness.persistence._files import OsFiles
 from harness.persistence._jsonl import JsonlBackend, encode_segment, project_key
 from harness.persistence._service import SessionInspection
-from harness.persistence._sqlite import SqliteBackend
+from harness.persistence._sqlite import SqliteBackend, migrate_legacy_sqlite
 
 __all__ = [
     "Backend",
@@ -34,6 +34,7 @@ __all__ = [
     "build_session",
     "encode_segment",
     "header_record",
+    "migrate_legacy_sqlite",
     "open_persistence",
     "project_key",
 ]

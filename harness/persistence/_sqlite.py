@@ -1,20 +1,35 @@
-"""The SQLite backend (stdlib ``sqlite3``), behind the same protocol as JSONL (reference §3).
+"""The SQLite backend (stdlib ``sqlite3``), behind the same protocol as JSONL.
 
-WAL journal, ``synchronous=FULL``, one ``BEGIN IMMEDIATE`` transaction per batch (so a
-batch lands whole or not at all, and there are no torn tails), and a storage-level
-stale-writer check: a batch must start at the stored next seq.
+The database is the reference's schema 17 (reference §3; see
+:mod:`harness.persistence._sqlite_schema` and :mod:`harness.persistence._sqlite_rows`):
+a database written by either implementation opens in the other. Identity checks
+(application id, ``user_version``, schema objects, store id) run in the opening
+``BEGIN IMMEDIATE`` before any statement that writes, and again inside every write
+transaction; a foreign file is refused (:class:`SqliteSchemaError`) unchanged.
 
-One live writer per session: a *lease* row per session naming its holder (host, pid,
-the pid's start time, a random token), with an expiry (``lease_ttl``) and a *fence*: an
-integer that grows with every acquisition. A lease is renewed by every write through
-it, by :meth:`WriterLease.renew`, and, while its holder is idle, every ``lease_ttl / 3``
-seconds by a daemon thread of the backend (wall-clock time, independent of Trio; it
-runs only while the backend has leases out). Every write checks, in its own transaction, that the caller's lease is
+WAL journal, ``synchronous=FULL``, one ``BEGIN IMMEDIATE`` transaction per batch (a
+batch lands whole or not at all), chunk runs packed per batch, and a storage-level
+stale-writer check: a batch must start at the stored next seq. Reading applies the
+reference's torn-tail rule to physical rows; a repair (delete the torn rows, append
+the closers) is one transaction.
+
+One live writer per session (this port's addition): a *lease* row per session naming
+its holder (host, pid, the pid's start time, a random token), with an expiry
+(``lease_ttl``) and a *fence*: an integer that grows with every acquisition. The lease
+rows live in a separate file, ``<db>-leases`` (the reference refuses any schema object
+of its own database that it did not create), attached to the connection: a
+``BEGIN IMMEDIATE`` locks both files, so the lease check and the write are one critical
+section. A lease is renewed by a write through it when less than two thirds of its TTL
+remain, by :meth:`WriterLease.renew`,
+and, while its holder is idle, every ``lease_ttl / 3`` seconds by a daemon thread of
+the backend (wall-clock time, independent of Trio; it runs only while the backend has
+leases out). Every write checks, in its own transaction, that the caller's lease is
 still the current one (token and fence) and renews it; a writer whose lease was taken
 over gets :class:`LeaseLostError` and nothing of its batch lands. A lease can be taken
 over when it expired, or when its holder is provably dead: same host and its pid is
 gone, or the pid now belongs to a process with another start time (a reused pid).
-A live lease on another host is respected until it expires.
+A live lease on another host is respected until it expires. A reference process
+writing the same database ignores the leases; the stale-writer check still holds.
 
 All methods block: call them from a worker thread. ``sqlite3`` errors never escape:
 they become :class:`StorageIOError` (the original chained as the cause).
@@ -45,48 +60,67 @@ from harness.errors import (
     SessionCorruptionError,
     SessionLockedError,
     SessionLogExistsError,
+    SqliteSchemaError,
     StorageIOError,
 )
-from harness.persistence._backend import StoredLog, WriterLease, check_header_record, header_record
+from harness.persistence._backend import StoredLog, WriterLease, check_header_record, format_error
 from harness.persistence._files import OsFiles, SimulatedCrash
+from harness.persistence._sqlite_rows import (
+    COLUMNS,
+    INSERT,
+    MAX_MEMBERS,
+    PACKED,
+    Row,
+    _Malformed,
+    bind_records,
+    check_row,
+    decode_row,
+    fetch_batches,
+    scan_batches,
+    scan_rows,
+)
+from harness.persistence._sqlite_schema import (
+    APPLICATION_ID,
+    LEASE_SCHEMA,
+    LEGACY_APPLICATION_ID,
+    LEGACY_SCHEMA_VERSIONS,
+    SCHEMA_VERSION,
+    check_database,
+    check_file_header,
+    check_for_mutation,
+    check_lease_file,
+    check_objects,
+    initialize,
+    is_uuid,
+    lease_path,
+    read_store_id,
+)
+from harness.session import SESSION_FORMAT_VERSION, decode_storage_record
+from harness.session._chunks import ROW_TAGS
+from harness.session._header import _is_absolute
 
 log = logging.getLogger("harness.persistence")
 
-APPLICATION_ID: Final = 0x54484E53  # "THNS"
-SCHEMA_VERSION: Final = 2  # v2: lease holder identity, expiry and fence (v1 is migrated in place)
+__all__ = [
+    "APPLICATION_ID",
+    "DEFAULT_LEASE_TTL",
+    "SCHEMA_VERSION",
+    "SqliteBackend",
+    "SqliteSchemaError",
+    "lease_path",
+    "migrate_legacy_sqlite",
+    "process_start_time",
+]
+
 DEFAULT_LEASE_TTL: Final = 30.0
 
-_LEASES_V2 = """
-CREATE TABLE leases (
-    session_id TEXT PRIMARY KEY,
-    fence INTEGER NOT NULL,
-    token TEXT,
-    host TEXT,
-    pid INTEGER,
-    start_time INTEGER,
-    since INTEGER,
-    expires INTEGER
-) STRICT
-"""
-
-_SCHEMA = f"""
-CREATE TABLE sessions (
-    id TEXT PRIMARY KEY,
-    header TEXT NOT NULL,
-    incarnation TEXT NOT NULL,
-    revision INTEGER NOT NULL
-) STRICT;
-CREATE TABLE events (
-    session_id TEXT NOT NULL REFERENCES sessions(id) ON DELETE CASCADE,
-    seq INTEGER NOT NULL,
-    type TEXT NOT NULL,
-    record TEXT NOT NULL,
-    PRIMARY KEY (session_id, seq)
-) STRICT, WITHOUT ROWID;
-{_LEASES_V2}
-"""
-
 _LEASE_COLUMNS = "fence, token, host, pid, start_time, since, expires"
+_LEASES = f"{LEASE_SCHEMA}.leases"
+_SESSION_COLUMNS = (
+    "id, version, created_at, cwd, parent_session, seed_length, origin, delegation_depth, agent_preset, "
+    "incarnation, revision"
+)
+_CHUNK_TAGS_SQL = "('text-chunks', 'reasoning-chunks', 'tool-call-chunks')"
 
 
 class StatementFaults(Protocol):
@@ -96,13 +130,13 @@ class StatementFaults(Protocol):
 
 
 class SqliteBackend:
-    """Sessions in one SQLite database file. Blocking; one connection, serialised by a
-    lock (thread-safe).
+    """Sessions in one SQLite database file (schema 17) and its lease file. Blocking;
+    one connection, serialised by a lock (thread-safe).
 
     ``lease_ttl``: seconds a writer lease stays valid without a write or a renewal.
     ``faults``: a statement hook for fault injection (see ``harness.faults``).
     ``files``: the file layer for the backend's own file operations (creating the
-    database's directory and the file itself, mode 0600).
+    database's directory and the two files, mode 0600).
     """
 
     name = "sqlite"
@@ -118,11 +152,15 @@ class SqliteBackend:
         if not lease_ttl > 0:
             raise ValueError(f"lease_ttl must be positive, got {lease_ttl!r}")
         self.path = Path(path).resolve()
+        self.lease_path = lease_path(self.path)
         self.lease_ttl = lease_ttl
         self.faults = faults
         self.files = files or OsFiles()
         self._lock = threading.Lock()
         self._db: sqlite3.Connection | None = None
+        self._identity = ""  # "file:<dev>:<ino>:<birth>:store:<store id>" of the open database
+        self._store_id = ""
+        self._cookie: int | None = None  # schema_version at the last ownership check that passed
         self._tokens: set[str] = set()  # lease tokens this instance handed out
         # Idle renewal: the leases this instance holds, renewed by a daemon thread.
         self._held: dict[str, _LeaseRow] = {}  # token -> lease
@@ -148,11 +186,12 @@ class SqliteBackend:
 
     # -- connection ------------------------------------------------------------------------
 
-    def _create_file(self) -> None:
-        """Create the database's directories (fsynced) and the file itself (0600)
-        through the file layer; SQLite would create the file world-readable."""
+    def _create_file(self, path: Path) -> None:
+        """Create ``path``'s missing directories (fsynced) and the file itself (0600)
+        through the file layer; SQLite would create it world-readable. An existing
+        file is left alone (not even opened for writing)."""
         missing = []
-        p = self.path.parent
+        p = path.parent
         while not p.exists():
             missing.append(p)
             p = p.parent
@@ -160,19 +199,22 @@ class SqliteBackend:
             with contextlib.suppress(FileExistsError):
                 self.files.mkdir(str(d), 0o700)
             self.files.fsync_dir(str(d.parent))
-        if not self.path.exists():
+        if not path.exists():
             try:
-                fd = self.files.open(str(self.path), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+                fd = self.files.open(str(path), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
             except FileExistsError:
                 return
             self.files.close(fd)
-            self.files.fsync_dir(str(self.path.parent))
+            self.files.fsync_dir(str(path.parent))
 
     def _conn(self) -> sqlite3.Connection:
         if self._db is not None:
             return self._db
+        # Read-only checks first: a foreign file is refused before anything touches it.
+        check_file_header(self.path)
+        check_file_header(self.lease_path, "lease file")
         try:
-            self._create_file()
+            self._create_file(self.path)
         except OSError as exc:
             raise StorageIOError(f"creating session database {self.path} failed: {exc}") from exc
         try:
@@ -180,59 +222,67 @@ class SqliteBackend:
         except sqlite3.Error as exc:
             raise StorageIOError(f"opening session database {self.path} failed: {exc}") from exc
         try:
-            self._exec(db, "PRAGMA foreign_keys=ON")
-            self._exec(db, "PRAGMA trusted_schema=OFF")
-            self._exec(db, "PRAGMA journal_mode=WAL")
-            self._exec(db, "PRAGMA synchronous=FULL")
-            self._exec(db, "BEGIN IMMEDIATE")
-            try:
-                self._init_schema(db)
-                self._exec(db, "COMMIT")
-            except BaseException:
-                if db.in_transaction:
-                    with contextlib.suppress(sqlite3.Error):
-                        db.execute("ROLLBACK")  # direct: also after a simulated crash
-                raise
+            self._open(db)
         except BaseException as exc:
             db.close()
+            if isinstance(exc, SqliteSchemaError):
+                raise
+            if isinstance(exc, sqlite3.DatabaseError) and "not a database" in str(exc):
+                raise SqliteSchemaError(
+                    f'session database at "{self.path}" is not a SQLite database: {exc}', path=self.path
+                ) from exc
             if isinstance(exc, sqlite3.Error):
                 raise StorageIOError(f"opening session database {self.path} failed: {exc}") from exc
+            if isinstance(exc, OSError):
+                raise StorageIOError(f"creating lease file {self.lease_path} failed: {exc}") from exc
             raise
+        self._cookie = None
         self._db = db
         return db
 
-    def _init_schema(self, db: sqlite3.Connection) -> None:
-        app_id = self._exec(db, "PRAGMA application_id").fetchone()[0]
-        version = self._exec(db, "PRAGMA user_version").fetchone()[0]
-        tables = self._exec(db, "SELECT count(*) FROM sqlite_master").fetchone()[0]
-        if app_id == 0 and version == 0 and tables == 0:
-            # executescript() would COMMIT first: create table by table instead.
-            for statement in filter(str.strip, _SCHEMA.split(";")):
-                self._exec(db, statement)
-            self._exec(db, f"PRAGMA application_id={APPLICATION_ID}")
-            self._exec(db, f"PRAGMA user_version={SCHEMA_VERSION}")
-        elif app_id == APPLICATION_ID and version == 1:
-            self._migrate_v1(db)
-        elif app_id != APPLICATION_ID or version != SCHEMA_VERSION:
-            raise StorageIOError(
-                f"session database {self.path} has application id {app_id:#x} and schema version "
-                f"{version}, incompatible with this build ({APPLICATION_ID:#x}, {SCHEMA_VERSION})"
-            )
+    def _open(self, db: sqlite3.Connection) -> None:
+        """The reference's opening sequence: connection settings (no writes), identity
+        checks and a pristine database's schema in one ``BEGIN IMMEDIATE``, then the
+        journal mode and durability; then the lease file, the same way."""
+        ex = self._exec
+        ex(db, "PRAGMA trusted_schema=OFF")
+        ex(db, "PRAGMA mmap_size=0")
+        ex(db, "PRAGMA foreign_keys=ON")
 
-    def _migrate_v1(self, db: sqlite3.Connection) -> None:
-        """v1 leases named (token, pid, host, since) only: keep each as an unexpired
-        lease of one TTL from its start, with fence 1 and an unknown start time. Runs
-        inside the opening ``BEGIN IMMEDIATE``: all or nothing."""
-        self._exec(db, "ALTER TABLE leases RENAME TO leases_v1")
-        self._exec(db, _LEASES_V2)
-        self._exec(
-            db,
-            "INSERT INTO leases (session_id, fence, token, host, pid, start_time, since, expires) "
-            "SELECT session_id, 1, token, host, pid, NULL, since, since + ? FROM leases_v1",
-            (int(self.lease_ttl * 1000),),
-        )
-        self._exec(db, "DROP TABLE leases_v1")
-        self._exec(db, f"PRAGMA user_version={SCHEMA_VERSION}")
+        def exec_(sql: str, params: Sequence[Any] = ()) -> sqlite3.Cursor:
+            return ex(db, sql, params)
+
+        self._in_txn(db, lambda: self._check_main(exec_))
+        mode = ex(db, "PRAGMA journal_mode=WAL").fetchone()[0]
+        if str(mode).lower() != "wal":
+            raise StorageIOError(f'session database at "{self.path}" selected journal mode {mode}, expected wal')
+        ex(db, "PRAGMA synchronous=FULL")
+        self._create_file(self.lease_path)
+        ex(db, f"ATTACH DATABASE ? AS {LEASE_SCHEMA}", (str(self.lease_path),))
+        ex(db, f"PRAGMA {LEASE_SCHEMA}.journal_mode=WAL")
+        ex(db, f"PRAGMA {LEASE_SCHEMA}.synchronous=FULL")
+        self._in_txn(db, lambda: check_lease_file(exec_, self.lease_path, self._store_id))
+
+    def _check_main(self, exec_: Any) -> None:
+        if check_database(exec_, self.path):
+            initialize(exec_, str(uuid.uuid4()))
+            check_objects(exec_, self.path)
+        store_id = self._store_id = read_store_id(exec_, self.path)
+        st = os.stat(self.path)
+        birth = getattr(st, "st_birthtime", None)
+        birth_ns = 0 if birth is None else int(birth * 1_000_000_000)
+        self._identity = f"file:{st.st_dev}:{st.st_ino}:{birth_ns}:store:{store_id}"
+
+    def _in_txn(self, db: sqlite3.Connection, body: Any) -> None:
+        self._exec(db, "BEGIN IMMEDIATE")
+        try:
+            body()
+            self._exec(db, "COMMIT")
+        except BaseException:
+            if db.in_transaction:
+                with contextlib.suppress(sqlite3.Error):
+                    db.execute("ROLLBACK")  # direct: also after a simulated crash
+            raise
 
     def _die(self) -> None:
         """A simulated crash: drop the connection (SQLite rolls the open transaction
@@ -262,7 +312,10 @@ class SqliteBackend:
                 db.close()
 
     @contextmanager
-    def _txn(self, immediate: bool = True) -> Iterator[sqlite3.Connection]:
+    def _txn(self, immediate: bool = True, *, owned: bool = True) -> Iterator[sqlite3.Connection]:
+        """A transaction; a write one (``immediate``) that writes the database
+        (``owned``: not a lease-only one) first re-checks that the database is still
+        ours (the reference re-validates schema ownership on every mutation)."""
         with self._lock:
             try:
                 db = self._conn()
@@ -273,6 +326,10 @@ class SqliteBackend:
                 self._die()
                 raise
             try:
+                if immediate and owned:
+                    self._cookie = check_for_mutation(
+                        lambda sql, params=(): self._exec(db, sql, params), self.path, self._cookie
+                    )
                 yield db
             except SimulatedCrash:
                 self._die()
@@ -294,7 +351,7 @@ class SqliteBackend:
 
     def close(self) -> None:
         """Close the connection and stop idle renewals (leases still out stay in the
-        database until they expire or a later write through them renews them)."""
+        lease file until they expire or a later write through them renews them)."""
         with self._keeper_wake:
             self._held.clear()
             self._keeper_wake.notify_all()
@@ -311,37 +368,68 @@ class SqliteBackend:
 
     # -- reading ---------------------------------------------------------------------------
 
+    def _revision(self, incarnation: str, revision: int) -> str:
+        return f"{self._identity}:incarnation:{incarnation}:revision:{revision}"
+
+    def _session_row(self, db: sqlite3.Connection, sid: str) -> tuple[Any, ...] | None:
+        row = self._exec(db, f"SELECT {_SESSION_COLUMNS} FROM sessions WHERE id = ?", (sid,)).fetchone()
+        return None if row is None else tuple(row)
+
     def list_headers(self) -> list[dict[str, Any]]:
         with self._txn(immediate=False) as db:
-            rows = self._exec(db, "SELECT id, header FROM sessions ORDER BY id").fetchall()
-        return [check_header_record(_loads(sid, h), None) for (sid, h) in rows]
+            rows = self._exec(db, f"SELECT {_SESSION_COLUMNS} FROM sessions ORDER BY id").fetchall()
+        return [_header(tuple(r)) for r in rows]
 
     def load(self, session_id: str) -> StoredLog:
+        """The stored log: its header, its events (packed rows expanded), where a torn
+        tail starts (the seq of its first row; ``None`` if none), its revision."""
         with self._txn(immediate=False) as db:
-            row = self._exec(
-                db, "SELECT header, incarnation, revision FROM sessions WHERE id = ?", (session_id,)
-            ).fetchone()
+            row = self._session_row(db, session_id)
             if row is None:
                 raise PersistedSessionNotFoundError(f'session "{session_id}" not found', session_id=session_id)
-            lines = self._exec(
-                db, "SELECT seq, record FROM events WHERE session_id = ? ORDER BY seq", (session_id,)
-            ).fetchall()
-        header = check_header_record(_loads(session_id, row[0]), session_id)
-        records = []
-        for i, (seq, record) in enumerate(lines):
-            if seq != i:
-                raise SessionCorruptionError(
-                    f"corrupt session log: invalid committed physical row at seq {seq}", session_id=session_id
-                )
-            records.append(_loads(session_id, record))
-        return StoredLog(header, records, None, f"sqlite:{row[1]}:{row[2]}")
+            header = _header(row)
+            revision = self._revision(row[9], row[10])
+            cursor = self._exec(db, f"SELECT {COLUMNS} FROM events WHERE session_id = ? ORDER BY seq", (session_id,))
+            records, torn = scan_batches(session_id, fetch_batches(cursor))
+        return StoredLog(header, records, torn, revision)
+
+    def load_from(self, session_id: str, from_seq: int) -> StoredLog:
+        """The stored events with ``seq >= from_seq`` (reference ``loadStoredFrom``: a
+        seek, reading from the packed row that holds ``from_seq``)."""
+        with self._txn(immediate=False) as db:
+            row = self._session_row(db, session_id)
+            if row is None:
+                raise PersistedSessionNotFoundError(f'session "{session_id}" not found', session_id=session_id)
+            rows, base = self._span_from(db, session_id, from_seq)
+            revision = self._revision(row[9], row[10])
+        header = _header(row)
+        records, torn = scan_rows(session_id, rows, base)
+        return StoredLog(header, [r for r in records if r["seq"] >= from_seq], torn, revision)
+
+    def _span_from(self, db: sqlite3.Connection, sid: str, from_seq: int) -> tuple[list[Row], int]:
+        """The rows from the one holding ``from_seq`` on, and that row's seq (a packed
+        predecessor that covers it, or does not decode, moves the start back)."""
+        predecessors = self._exec(
+            db,
+            f"SELECT {COLUMNS} FROM events WHERE session_id = ? AND seq >= ? AND seq < ? "
+            f"AND type IN {_CHUNK_TAGS_SQL} AND ignorable = 0 ORDER BY seq",
+            (sid, max(0, from_seq - MAX_MEMBERS + 1), from_seq),
+        ).fetchall()
+        base = from_seq
+        for p in predecessors:
+            if _covers(sid, p, from_seq):
+                base = min(base, p[0])
+        rows = self._exec(
+            db, f"SELECT {COLUMNS} FROM events WHERE session_id = ? AND seq >= ? ORDER BY seq", (sid, base)
+        ).fetchall()
+        return rows, base
 
     def revision(self, session_id: str) -> str | None:
         with self._txn(immediate=False) as db:
             row = self._exec(
                 db, "SELECT incarnation, revision FROM sessions WHERE id = ?", (session_id,)
             ).fetchone()
-        return None if row is None else f"sqlite:{row[0]}:{row[1]}"
+            return None if row is None else self._revision(row[0], row[1])
 
     # -- writing ---------------------------------------------------------------------------
 
@@ -349,8 +437,8 @@ class SqliteBackend:
         self, header: dict[str, Any], records: list[dict[str, Any]], *, lease: WriterLease | None = None
     ) -> None:
         sid = header["id"]
-        rows = _rows(sid, records)
-        head = _dumps(sid, header_record(header))
+        params = _session_params(sid, header)
+        rows = bind_records(sid, records, pack=True)
         with self._txn() as db:
             self._check_lease(db, sid, lease, len(records))
             if self._exec(db, "SELECT 1 FROM sessions WHERE id = ?", (sid,)).fetchone():
@@ -360,8 +448,8 @@ class SqliteBackend:
                 )
             self._exec(
                 db,
-                "INSERT INTO sessions (id, header, incarnation, revision) VALUES (?, ?, ?, 0)",
-                (sid, head, str(uuid.uuid4())),
+                f"INSERT INTO sessions ({_SESSION_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 0)",
+                params,
             )
             self._insert(db, sid, rows, 0)
 
@@ -371,23 +459,43 @@ class SqliteBackend:
                 f"session {sid} append starts at seq {rows[0][1]}, stored next seq is {next_seq}",
                 session_id=sid,
             )
-        self._execmany(db, "INSERT INTO events (session_id, seq, type, record) VALUES (?, ?, ?, ?)", rows)
-        self._exec(db, "UPDATE sessions SET revision = revision + 1 WHERE id = ?", (sid,))
+        if rows:
+            self._execmany(db, INSERT, rows)
+        self._bump(db, sid)
+
+    def _bump(self, db: sqlite3.Connection, sid: str) -> None:
+        if self._exec(db, "UPDATE sessions SET revision = revision + 1 WHERE id = ?", (sid,)).rowcount != 1:
+            raise PersistedSessionNotFoundError(f"session {sid} metadata row is missing", session_id=sid)
 
     def _next_seq(self, db: sqlite3.Connection, sid: str) -> int:
+        """The stored next seq, from the logical tail: the last two rows, from the packed
+        row before them if it overlaps them (the reference looks for such a row among
+        the 1023 rows before; in a valid log only the adjacent one can, and a full
+        load checks them all). A tail that does not decode refuses the append."""
         if not self._exec(db, "SELECT 1 FROM sessions WHERE id = ?", (sid,)).fetchone():
             raise PersistedSessionNotFoundError(f'session "{sid}" not found', session_id=sid)
-        (n,) = self._exec(
-            db, "SELECT coalesce(max(seq) + 1, 0) FROM events WHERE session_id = ?", (sid,)
-        ).fetchone()
-        return int(n)
+        tail = self._exec(
+            db, f"SELECT {COLUMNS} FROM events WHERE session_id = ? ORDER BY seq DESC LIMIT 3", (sid,)
+        ).fetchall()
+        if not tail:
+            return 0
+        rows = tail[::-1]
+        if len(rows) == 3 and not _covers(sid, rows[0], rows[1][0]):
+            rows = rows[1:]
+        events, torn = scan_rows(sid, rows, int(rows[0][0]))
+        if torn is not None or not events:
+            raise SessionCorruptionError(
+                f"session {sid} has an invalid physical tail at seq {torn if torn is not None else rows[0][0]}",
+                session_id=sid,
+            )
+        return int(events[-1]["seq"]) + 1
 
     def append(self, session_id: str, records: list[dict[str, Any]], *, lease: WriterLease | None = None) -> None:
         """Append one batch in one transaction that also checks (and renews) the
         caller's lease: a lost lease raises :class:`LeaseLostError`, nothing lands."""
         if not records:
             return
-        rows = _rows(session_id, records)
+        rows = bind_records(session_id, records, pack=True)
         with self._txn() as db:
             self._check_lease(db, session_id, lease, len(records))
             self._insert(db, session_id, rows, self._next_seq(db, session_id))
@@ -400,8 +508,39 @@ class SqliteBackend:
         *,
         lease: WriterLease | None = None,
     ) -> None:
-        # Transactions leave no torn tails: there is never anything to truncate.
-        self.append(session_id, records, lease=lease)
+        """The repair a :meth:`load` asked for, in one transaction: delete the torn rows
+        from seq ``truncate_to`` on (it must still be where the torn tail starts), then
+        append the closers ``records`` (they must start at the stored next seq)."""
+        if truncate_to is None and not records:
+            return
+        rows = bind_records(session_id, records, pack=False)
+        sid = session_id
+        with self._txn() as db:
+            self._check_lease(db, sid, lease, len(records))
+            if not self._exec(db, "SELECT 1 FROM sessions WHERE id = ?", (sid,)).fetchone():
+                raise PersistedSessionNotFoundError(f"session {sid} metadata row is missing", session_id=sid)
+            cursor = self._exec(db, f"SELECT {COLUMNS} FROM events WHERE session_id = ? ORDER BY seq", (sid,))
+            events, torn = scan_batches(sid, fetch_batches(cursor))
+            if truncate_to is not None:
+                if torn != truncate_to:
+                    raise SessionCorruptionError(
+                        f"session {sid} repair is stale: physical tail no longer starts at seq {truncate_to}",
+                        session_id=sid,
+                    )
+                self._exec(db, "DELETE FROM events WHERE session_id = ? AND seq >= ?", (sid, truncate_to))
+            elif torn is not None:
+                raise SessionCorruptionError(
+                    f"session {sid} repair omitted current torn tail at seq {torn}", session_id=sid
+                )
+            if rows:
+                expected = int(events[-1]["seq"]) + 1 if events else 0
+                if rows[0][1] != expected:
+                    raise SessionCorruptionError(
+                        f"session {sid} repair is stale: closer starts at seq {rows[0][1]}, stored next seq is {expected}",
+                        session_id=sid,
+                    )
+                self._execmany(db, INSERT, rows)
+            self._bump(db, sid)
 
     def delete(self, session_id: str) -> None:
         with self._txn() as db:
@@ -411,12 +550,19 @@ class SqliteBackend:
     # -- one writer per session ----------------------------------------------------------
 
     def _lease_row(self, db: sqlite3.Connection, sid: str) -> tuple[Any, ...] | None:
-        row = self._exec(db, f"SELECT {_LEASE_COLUMNS} FROM leases WHERE session_id = ?", (sid,)).fetchone()
+        row = self._exec(db, f"SELECT {_LEASE_COLUMNS} FROM {_LEASES} WHERE session_id = ?", (sid,)).fetchone()
         return None if row is None else tuple(row)
 
-    def _check_lease(self, db: sqlite3.Connection, sid: str, lease: WriterLease | None, n: int) -> None:
-        """Inside a write transaction: the caller's lease must be the current one (it is
-        renewed); a caller without a lease may write only while nobody holds one."""
+    def _check_lease(
+        self, db: sqlite3.Connection, sid: str, lease: WriterLease | None, n: int, *, renew: bool = False
+    ) -> None:
+        """Inside a write transaction: the caller's lease must be the current one; a
+        caller without a lease may write only while nobody holds one.
+
+        The lease is renewed when less than two thirds of its TTL remain (always with
+        ``renew``): so a stream of writes keeps it at least that far ahead while the
+        lease file is written at most every TTL/3, not with every batch (a batch that
+        writes only the database commits one file, not two)."""
         row = self._lease_row(db, sid)
         now = _now_ms()
         if lease is None:
@@ -437,11 +583,9 @@ class SqliteBackend:
                 session_id=sid,
                 holder=None if row is None else _holder(row),
             )
-        self._exec(
-            db,
-            "UPDATE leases SET expires = ? WHERE session_id = ?",
-            (now + int(self.lease_ttl * 1000), sid),
-        )
+        ttl_ms = int(self.lease_ttl * 1000)
+        if renew or row[6] is None or row[6] - now < ttl_ms * 2 // 3:
+            self._exec(db, f"UPDATE {_LEASES} SET expires = ? WHERE session_id = ?", (now + ttl_ms, sid))
 
     def acquire_writer(self, header: dict[str, Any]) -> WriterLease:
         """Take the session's lease at once (a fresh fence), or raise
@@ -450,7 +594,7 @@ class SqliteBackend:
         token = secrets.token_hex(8)
         host, pid, start = _identity()
         now = _now_ms()
-        with self._txn() as db:
+        with self._txn(owned=False) as db:
             row = self._lease_row(db, sid)
             if row is not None and _lease_live(row, now):
                 raise SessionLockedError(
@@ -461,7 +605,7 @@ class SqliteBackend:
             fence = 1 if row is None else int(row[0]) + 1
             self._exec(
                 db,
-                "INSERT OR REPLACE INTO leases (session_id, fence, token, host, pid, start_time, since, expires) "
+                f"INSERT OR REPLACE INTO {_LEASES} (session_id, fence, token, host, pid, start_time, since, expires) "
                 "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                 (sid, fence, token, host, pid, start, now, now + int(self.lease_ttl * 1000)),
             )
@@ -476,8 +620,8 @@ class SqliteBackend:
         return lease
 
     def _renew(self, lease: _LeaseRow) -> None:
-        with self._txn() as db:
-            self._check_lease(db, lease.session_id, lease, 0)
+        with self._txn(owned=False) as db:
+            self._check_lease(db, lease.session_id, lease, 0, renew=True)
 
     def _keep(self) -> None:
         """The keeper thread: renew every held lease each ``lease_ttl / 3`` seconds
@@ -514,21 +658,22 @@ class SqliteBackend:
         with self._keeper_wake:
             self._held.pop(token, None)
             self._keeper_wake.notify_all()
-        with self._txn() as db:
+        with self._txn(owned=False) as db:
             self._exec(
                 db,
-                "UPDATE leases SET token = NULL, host = NULL, pid = NULL, start_time = NULL, expires = NULL "
+                f"UPDATE {_LEASES} SET token = NULL, host = NULL, pid = NULL, start_time = NULL, expires = NULL "
                 "WHERE session_id = ? AND token = ?",
                 (sid, token),
             )
 
     def lock_held(self, header: dict[str, Any]) -> bool:
         """True if a live lease on the session exists (unexpired, holder not provably
-        dead). Reads through a fresh read-only connection, not through ``faults``."""
-        if not self.path.exists():
+        dead). Reads the lease file through a fresh read-only connection, not through
+        ``faults``."""
+        if not self.lease_path.exists():
             return False
         try:
-            db = sqlite3.connect(f"{self.path.as_uri()}?mode=ro", uri=True, timeout=5.0)
+            db = sqlite3.connect(f"{self.lease_path.as_uri()}?mode=ro", uri=True, timeout=5.0)
         except sqlite3.Error:
             return False
         try:
@@ -633,26 +778,163 @@ def _describe(row: tuple[Any, ...]) -> str:
     return f"process {row[3]} on {row[2]}"
 
 
-# -- encoding --------------------------------------------------------------------------------
-
-
-def _dumps(sid: str, obj: Any) -> str:
+def _covers(sid: str, row: Row, seq: int) -> bool:
+    """Whether packed ``row`` reaches ``seq`` (or does not decode: it might, and the
+    scan must then fail closed)."""
+    if row[6] != PACKED or row[1] not in ROW_TAGS:
+        return False
+    check_row(sid, row)
     try:
-        return orjson.dumps(obj).decode()
-    except (TypeError, ValueError) as exc:  # orjson.JSONEncodeError is a TypeError
-        seq = obj.get("seq") if isinstance(obj, dict) else None
+        return bool(decode_row(row)[-1]["seq"] >= seq)
+    except _Malformed:
+        return True
+
+
+# -- the session row ---------------------------------------------------------------------------
+
+
+def _session_params(sid: str, header: dict[str, Any]) -> tuple[Any, ...]:
+    """The ``sessions`` row of a header (new incarnation). Keys the schema has no column
+    for are not stored (as in the reference); an absent ``delegationDepth`` is stored
+    as 0 (as the JSONL header line does). Raises :class:`RecordEncodingError`."""
+
+    def get(key: str, kind: type, default: Any = None) -> Any:
+        value = header.get(key, default)
+        if value is not None and type(value) is not kind:
+            raise RecordEncodingError(
+                f'session "{sid}": the header cannot be stored: {key} must be {"an integer" if kind is int else "a string"}',
+                session_id=sid,
+            )
+        return value
+
+    version, created_at = get("version", int), get("createdAt", int)
+    if version is None or created_at is None:
         raise RecordEncodingError(
-            f'session "{sid}": event seq {seq} cannot be stored: {exc}', session_id=sid
-        ) from exc
+            f'session "{sid}": the header cannot be stored: version and createdAt are required', session_id=sid
+        )
+    return (
+        sid,
+        version,
+        created_at,
+        get("cwd", str),
+        get("parentSession", str),
+        get("seedLength", int),
+        get("origin", str),
+        get("delegationDepth", int, 0),
+        get("agentPreset", str),
+        str(uuid.uuid4()),
+    )
 
 
-def _rows(sid: str, records: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
-    """Encode before any transaction: an unencodable record fails the batch up front."""
-    return [(sid, r["seq"], r["type"], _dumps(sid, r)) for r in records]
+def _header(row: tuple[Any, ...]) -> dict[str, Any]:
+    """The header of a ``sessions`` row (reference ``decodeSessionRow`` + ``rowToMeta``):
+    NULL columns are absent keys. A row that breaks the column rules is corruption; a
+    format version other than 0 is refused after that (as the coordinator's check)."""
+    sid, version, created_at, cwd, parent, seed_length, origin, depth, preset, incarnation, revision = row
+
+    def bad(why: str) -> SessionCorruptionError:
+        return SessionCorruptionError(
+            f'corrupt session log: stored session metadata of "{sid}" is invalid: {why}', session_id=str(sid)
+        )
+
+    def nonneg(v: Any) -> bool:
+        return type(v) is int and 0 <= v <= 2**53 - 1
+
+    if type(sid) is not str or not sid:
+        raise bad("stored id must not be empty")
+    if type(version) is not int or abs(version) > 2**53 - 1:
+        raise bad("stored version must be a safe integer")
+    if cwd is not None and (type(cwd) is not str or not _is_absolute(cwd)):
+        raise bad("stored session cwd must be absolute")
+    if parent is not None and type(parent) is not str:
+        raise bad("stored parent_session must be a string or null")
+    if origin is not None and origin != "subagent":
+        raise bad("stored session origin must be subagent or null")
+    if not is_uuid(incarnation):
+        raise bad("stored session incarnation must be a UUID")
+    if not nonneg(created_at):
+        raise bad("stored created_at must be non-negative")
+    if seed_length is not None and not nonneg(seed_length):
+        raise bad("stored seed_length must be non-negative or null")
+    if depth is not None and not nonneg(depth):
+        raise bad("stored delegation_depth must be non-negative or null")
+    if preset is not None and type(preset) is not str:
+        raise bad("stored agent_preset must be a string or null")
+    if not nonneg(revision):
+        raise bad("stored revision must be non-negative")
+    if version != SESSION_FORMAT_VERSION:
+        raise format_error(sid, version)
+    header: dict[str, Any] = {"version": version, "id": sid, "createdAt": created_at}
+    for key, value in (
+        ("cwd", cwd),
+        ("parentSession", parent),
+        ("seedLength", seed_length),
+        ("origin", origin),
+        ("delegationDepth", depth),
+        ("agentPreset", preset),
+    ):
+        if value is not None:
+            header[key] = value
+    return header
 
 
-def _loads(sid: str, text: str) -> Any:
+# -- the pre-issue-11 schema --------------------------------------------------------------------
+
+
+def migrate_legacy_sqlite(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> int:
+    """Copy every session of a database in this port's own pre-schema-17 format
+    (application id ``0x54484e53``, ``user_version`` 1 or 2) into a new schema-17
+    database at ``dst`` (which must not exist). Returns the number of sessions copied.
+
+    ``src`` is opened read-only and never changed; its leases are not copied (no
+    writer may be running against it). The copy is all or nothing: on any failure
+    (:class:`RecordEncodingError` for a record schema 17 cannot hold,
+    :class:`SqliteSchemaError` if ``src`` is not such a database, ...) the new files
+    are removed. Header keys schema 17 has no column for are dropped. Blocking."""
+    src_path, dst_path = Path(src).resolve(), Path(dst).resolve()
+    if any(p.exists() for p in (dst_path, lease_path(dst_path), Path(f"{dst_path}-wal"))):
+        raise StorageIOError(f'cannot migrate into "{dst_path}": it already exists')
+    check_file_header(src_path)
     try:
-        return orjson.loads(text)
-    except orjson.JSONDecodeError as exc:
-        raise SessionCorruptionError(f"corrupt session log: a stored row is not JSON: {exc}", session_id=sid) from exc
+        con = sqlite3.connect(f"{src_path.as_uri()}?mode=ro", uri=True, timeout=5.0)
+    except sqlite3.Error as exc:
+        raise StorageIOError(f"opening {src_path} failed: {exc}") from exc
+    backend = SqliteBackend(dst_path)
+    copied = 0
+    try:
+        backend.list_headers()  # creates the new database, even for no session
+        try:
+            app_id = int(con.execute("PRAGMA application_id").fetchone()[0])
+            version = int(con.execute("PRAGMA user_version").fetchone()[0])
+            if app_id != LEGACY_APPLICATION_ID or version not in LEGACY_SCHEMA_VERSIONS:
+                raise SqliteSchemaError(
+                    f'"{src_path}" is not a trio-harness database of before schema 17 '
+                    f"(application id {app_id}, schema version {version})",
+                    path=src_path,
+                    application_id=app_id,
+                    user_version=version,
+                )
+            sessions = con.execute("SELECT id, header FROM sessions ORDER BY id").fetchall()
+            for sid, header_text in sessions:
+                lines = con.execute(
+                    "SELECT record FROM events WHERE session_id = ? ORDER BY seq", (sid,)
+                ).fetchall()
+                header = check_header_record(orjson.loads(header_text), sid)
+                records = [ev for (text,) in lines for ev in decode_storage_record(orjson.loads(text))]
+                backend.materialize(header, records)
+                copied += 1
+        except sqlite3.Error as exc:
+            raise StorageIOError(f"reading {src_path} failed: {exc}") from exc
+        except orjson.JSONDecodeError as exc:
+            raise SessionCorruptionError(f"corrupt session log in {src_path}: a stored row is not JSON: {exc}") from exc
+    except BaseException:
+        backend.close()
+        for p in (dst_path, lease_path(dst_path)):
+            for suffix in ("", "-wal", "-shm", "-journal"):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(f"{p}{suffix}")
+        raise
+    finally:
+        con.close()
+    backend.close()
+    return copied

@@ -5,6 +5,15 @@ shape becomes one row (``text-chunks``, ``reasoning-chunks`` or ``tool-call-chun
 everything else passes through verbatim. ``decode_storage_record`` expands rows back,
 validating them. For any JSON-round-tripped event list,
 ``expand(pack(x)) == x`` exactly, key presence included.
+
+A record whose ``type`` is not a string (or whose chunk ``type`` is not one) is never a
+row: it passes through both directions untouched, whatever its type's Python type.
+
+The SQLite schema 17 bounds its rows (reference §3): ``pack_chunk_runs(...,
+max_members=1024, max_data_bytes=1 MiB)`` splits a run into rows of at most that many
+members whose ``data`` serialises to at most that many UTF-8 bytes (a member that fits
+in no row of three stays a plain event), and :func:`decode_chunk_row` checks a row's
+``3..1024`` members.
 """
 
 from __future__ import annotations
@@ -12,6 +21,8 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Iterator
 from typing import Any, Final
+
+import orjson
 
 from harness.errors import StorageRowError
 from harness.session._events import SAFE_INT_MAX, is_nonneg_safe_int, is_safe_int
@@ -22,13 +33,18 @@ _KIND_TAG: Final = {
     "tool-call-delta": "tool-call-chunks",
 }
 _TAG_KIND: Final = {v: k for k, v in _KIND_TAG.items()}
-ROW_TAGS: Final = frozenset(_TAG_KIND)
+# Tuples, not sets: ``x in ROW_TAGS`` compares by equality (at C speed) and never
+# hashes ``x``, so a ``type`` that is a list or a dict is simply not a tag (a frozenset
+# would raise ``TypeError: unhashable type``).
+ROW_TAGS: Final = tuple(_TAG_KIND)
+_KINDS: Final = tuple(_KIND_TAG)
 _ENVELOPE: Final = frozenset({"type", "seq", "time", "data"})
 _DATA: Final = frozenset({"turn", "step", "chunk"})
 _TEXT_CHUNK: Final = frozenset({"type", "index", "text"})
 _TOOL_CHUNK: Final = frozenset({"type", "index", "id", "argumentsDelta"})
 _TOOL_CHUNK_NAMED: Final = _TOOL_CHUNK | {"name"}
 _ROW_KEYS: Final = frozenset({"type", "seq0", "time0", "data"})
+MIN_ROW_MEMBERS: Final = 3
 
 
 def _number(v: object) -> bool:
@@ -39,7 +55,7 @@ def _member(ev: Any) -> tuple[Any, ...] | None:
     """The run key of a packable chunk event, or None."""
     if type(ev) is not dict or ev.keys() != _ENVELOPE or ev.get("type") != "assistant/chunk":
         return None
-    if not is_safe_int(ev["seq"]) or not is_safe_int(ev["time"]):
+    if not is_nonneg_safe_int(ev["seq"]) or not is_safe_int(ev["time"]):
         return None
     data = ev["data"]
     if type(data) is not dict or data.keys() != _DATA:
@@ -48,7 +64,7 @@ def _member(ev: Any) -> tuple[Any, ...] | None:
     if not _number(turn) or not _number(step) or type(chunk) is not dict:
         return None
     kind = chunk.get("type")
-    if kind not in _KIND_TAG or not _number(chunk.get("index")):
+    if kind not in _KINDS or not _number(chunk.get("index")):
         return None
     if kind == "tool-call-delta":
         keys = chunk.keys()
@@ -70,17 +86,25 @@ def _same(a: tuple[Any, ...], b: tuple[Any, ...]) -> bool:
     return len(a) == len(b) and all(type(x) is type(y) and x == y for x, y in zip(a, b, strict=True))
 
 
-def pack_chunk_runs(records: Iterable[Any]) -> list[Any]:
-    """Replace each run of >= 3 packable chunk events with one storage row."""
+def pack_chunk_runs(
+    records: Iterable[Any], *, max_members: int | None = None, max_data_bytes: int | None = None
+) -> list[Any]:
+    """Replace each run of >= 3 packable chunk events with one storage row.
+
+    ``max_members`` / ``max_data_bytes`` bound every row (SQLite; see the module): a
+    longer or larger run becomes several rows, greedily, largest first."""
     out: list[Any] = []
     run: list[Any] = []
     key: tuple[Any, ...] | None = None
+    bounded = max_members is not None or max_data_bytes is not None
 
     def flush() -> None:
-        if len(run) >= 3:
-            out.append(_row(key, run))  # type: ignore[arg-type]
-        else:
+        if len(run) < MIN_ROW_MEMBERS:
             out.extend(run)
+        elif bounded:
+            _emit_bounded(out, key, run, max_members, max_data_bytes)  # type: ignore[arg-type]
+        else:
+            out.append(_row(key, run))  # type: ignore[arg-type]
         run.clear()
 
     for rec in records:
@@ -100,6 +124,45 @@ def pack_chunk_runs(records: Iterable[Any]) -> list[Any]:
             key = k
     flush()
     return out
+
+
+def _data_bytes(row: dict[str, Any]) -> int:
+    return len(orjson.dumps(row["data"]))
+
+
+def _emit_bounded(
+    out: list[Any], key: tuple[Any, ...], run: list[Any], max_members: int | None, max_bytes: int | None
+) -> None:
+    """The reference's bounded emission: from each offset, the largest prefix of at most
+    ``max_members`` members whose row fits ``max_bytes`` (binary search when the
+    largest does not); where not even three members fit, one plain event."""
+    offset = 0
+    n = len(run)
+    while n - offset >= MIN_ROW_MEMBERS:
+        high = n - offset if max_members is None else min(n - offset, max_members)
+        largest = _row(key, run[offset : offset + high])
+        if max_bytes is None or _data_bytes(largest) <= max_bytes:
+            out.append(largest)
+            offset += high
+            continue
+        low, high = MIN_ROW_MEMBERS, high - 1
+        accepted: dict[str, Any] | None = None
+        taken = 0
+        while low <= high:
+            middle = (low + high) // 2
+            candidate = _row(key, run[offset : offset + middle])
+            if _data_bytes(candidate) <= max_bytes:
+                accepted, taken = candidate, middle
+                low = middle + 1
+            else:
+                high = middle - 1
+        if accepted is None:
+            out.append(run[offset])
+            offset += 1
+        else:
+            out.append(accepted)
+            offset += taken
+    out.extend(run[offset:])
 
 
 def _row(key: tuple[Any, ...], run: list[Any]) -> dict[str, Any]:
@@ -129,11 +192,21 @@ def decode_storage_record(value: Any) -> list[Any]:
     return list(_expand(value))
 
 
+def decode_chunk_row(tag: str, seq0: object, time0: object, data: object, *, max_members: int) -> list[Any]:
+    """Expand one bounded row given by its parts (a SQLite packed row: the ``type``,
+    ``seq``, ``time`` columns and the parsed ``data``): validated as
+    :func:`decode_storage_record` does, and its members must number
+    ``3..max_members``. Raises :class:`StorageRowError`."""
+    if tag not in ROW_TAGS:
+        raise _bad(tag, "packed discriminator requires a chunk tag")
+    return list(_expand({"type": tag, "seq0": seq0, "time0": time0, "data": data}, max_members))
+
+
 def _bad(tag: str, why: str) -> StorageRowError:
     return StorageRowError(f"malformed {tag} storage row: {why}")
 
 
-def _expand(row: dict[str, Any]) -> Iterator[dict[str, Any]]:
+def _expand(row: dict[str, Any], max_members: int | None = None) -> Iterator[dict[str, Any]]:
     tag = row["type"]
     kind = _TAG_KIND[tag]
     if row.keys() != _ROW_KEYS:
@@ -157,6 +230,8 @@ def _expand(row: dict[str, Any]) -> Iterator[dict[str, Any]]:
         raise _bad(tag, "turn, step and index must be numbers")
     if type(members) is not list or not members or any(type(m) is not str for m in members):
         raise _bad(tag, f"{payload_key} must be a non-empty list of strings")
+    if max_members is not None and not MIN_ROW_MEMBERS <= len(members) <= max_members:
+        raise _bad(tag, f"{payload_key} must contain {MIN_ROW_MEMBERS}..{max_members} strings")
     if type(dt) is not list or len(dt) != len(members) - 1 or any(not is_safe_int(d) for d in dt):
         raise _bad(tag, "dt must hold one safe integer gap per member after the first")
     if seq0 + len(members) - 1 > SAFE_INT_MAX:
