@@ -294,7 +294,15 @@ class ServiceMixin:
             )
         start = int(from_seq)  # type: ignore[call-overload]
 
+        load_from = getattr(self.backend, "load_from", None)
+
         def work() -> tuple[FrozenDict, ...]:
+            if load_from is not None:
+                # A backend that can seek reads only the suffix (so, as the reference's
+                # SQLite backend, it refuses unknown types in the suffix only).
+                stored = load_from(session_id, start)
+                self._refuse_unknown(session_id, stored.records, stored)
+                return tuple(freeze_record(r) for r in stored.records)
             stored = self.backend.load(session_id)
             self._refuse_unknown(session_id, stored.records, stored)
             return tuple(freeze_record(r) for r in stored.records[start:])
