@@ -270,3 +270,51 @@ async def test_a_log_that_does_not_read_can_be_deleted(tmp_path: Path) -> None:
             await p.inspect("bad")
         await p.delete("bad")
         assert not path.exists() and await p.list() == []
+
+
+async def test_cold_inspections_share_one_read_and_an_lru(tmp_path: Path) -> None:
+    import trio.testing
+
+    backend = JsonlBackend(tmp_path)
+    loads: list[str] = []
+    load = backend.load
+
+    def counted(session_id: str) -> Any:
+        loads.append(session_id)
+        return load(session_id)
+
+    backend.load = counted  # type: ignore[method-assign]
+    with pytest.raises(ExceptionGroup) as bad:  # raised inside the store's block
+        async with open_store() as store, open_persistence(store, backend, prepared_session_cache_size=0):
+            pass
+    assert bad.group_contains(
+        PersistenceArgumentError, match=r"^prepared_session_cache_size must be a positive integer, got 0$"
+    )
+    async with open_store() as store, open_persistence(store, backend, prepared_session_cache_size=2) as p:
+        for sid in ("a", "b", "c"):
+            await p.create(meta(sid))
+            await p.append(sid, [ev(0)])
+        loads.clear()
+        async with trio.open_nursery() as nursery:
+            for _ in range(3):
+                nursery.start_soon(p.inspect, "a")
+        assert loads == ["a"]  # three concurrent inspections, one backend read
+        await p.inspect("a")
+        assert loads == ["a"]  # reused: the stored revision did not move
+        await p.append("a", [ev(1)])
+        assert [e["seq"] for e in (await p.inspect("a")).events] == [0, 1]
+        assert loads == ["a", "a"]  # a durable append moved the revision: read again
+        await p.inspect("b")
+        await p.inspect("c")  # the LRU holds two: "a" is evicted
+        loads.clear()
+        await p.inspect("a")
+        assert loads == ["a"]
+        # A cancelled observer stops waiting; the read still completes and fills the cache.
+        await p.append("b", [ev(1)])
+        loads.clear()
+        with trio.move_on_after(0) as scope:
+            await p.inspect("b")
+        assert scope.cancelled_caught
+        await trio.testing.wait_all_tasks_blocked()
+        await p.inspect("b")
+        assert loads == ["b"]

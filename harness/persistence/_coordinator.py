@@ -14,6 +14,7 @@ import trio
 
 from harness.errors import (
     HarnessError,
+    PersistenceArgumentError,
     PersistenceError,
     PreparationDisposedError,
     SessionCorruptionError,
@@ -527,8 +528,13 @@ def build_session(session_id: str, header: dict[str, Any], records: list[Any]) -
 
 
 @asynccontextmanager
-async def open_persistence(store: Store, backend: Backend, *, write_delay: float = 0.2) -> AsyncIterator[Persistence]:
+async def open_persistence(
+    store: Store, backend: Backend, *, write_delay: float = 0.2, prepared_session_cache_size: int = 5
+) -> AsyncIterator[Persistence]:
     """Make ``store``'s sessions durable in ``backend`` for the duration of the block.
+
+    ``prepared_session_cache_size`` (a positive integer, default 5, as the reference's
+    ``preparedSessionCacheSize``) bounds the LRU of cold inspections kept for reuse.
 
     Open it inside the store's block. Leaving flushes and retires every writer (the
     store's own exit then detaches sessions with nothing left to write); if a final
@@ -536,9 +542,14 @@ async def open_persistence(store: Store, backend: Backend, *, write_delay: float
 
     Cancellation of the block still flushes and retires writers (shielded).
     """
+    if type(prepared_session_cache_size) is not int or prepared_session_cache_size <= 0:
+        raise PersistenceArgumentError(
+            f"prepared_session_cache_size must be a positive integer, got {prepared_session_cache_size!r}"
+        )
     failure: BaseException | None = None
     async with trio.open_nursery() as nursery:
         persistence = Persistence(store, backend, nursery, write_delay=write_delay)
+        persistence._configure_cache(prepared_session_cache_size)
         try:
             yield persistence
         finally:

@@ -9,6 +9,7 @@ and ``read_raw`` expose where and what a backend stores. Mixed into
 from __future__ import annotations
 
 import logging
+from collections import OrderedDict
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -50,6 +51,17 @@ class SessionInspection:
     events: tuple[FrozenDict, ...]
 
 
+class _Loading:
+    """One in-flight cold read, shared by every inspection of the id meanwhile."""
+
+    __slots__ = ("done", "error", "result")
+
+    def __init__(self) -> None:
+        self.done = trio.Event()
+        self.error: Exception | None = None
+        self.result: SessionInspection | None = None
+
+
 @attrs.define
 class _EnvelopeState:
     """A session id written through :meth:`ServiceMixin.append` (no live session)."""
@@ -72,9 +84,22 @@ class ServiceMixin:
     _reserved: dict[str, Any]
     _writers: dict[str, Any]
 
+    _nursery: trio.Nursery
+
     def _init_service(self) -> None:
         self._states: dict[str, _EnvelopeState] = {}
         self._chains: dict[str, trio.Lock] = {}
+        # Cold inspections (reference §2.6, for reads): one backend read shared by
+        # concurrent inspections of an id, and an LRU of finished ones reused while the
+        # stored revision is unchanged.
+        self._cache_size = 5
+        self._inspections: OrderedDict[str, tuple[str, SessionInspection]] = OrderedDict()
+        self._loading: dict[str, _Loading] = {}
+
+    def _configure_cache(self, size: object) -> None:
+        if type(size) is not int or size <= 0:
+            raise PersistenceArgumentError(f"prepared_session_cache_size must be a positive integer, got {size!r}")
+        self._cache_size = size
 
     # Supplied by Persistence (which overrides these).
     async def _wait_retired(self, session_id: str, me: Any = None) -> None:  # pragma: no cover
@@ -266,17 +291,48 @@ class ServiceMixin:
                 tuple(freeze_record(_record(e)) for e in live.events),
             )
         await self._wait_retired(session_id)
+        revision = await trio.to_thread.run_sync(self.backend.revision, session_id)
+        cached = self._inspections.get(session_id)
+        if cached is not None and revision is not None and cached[0] == revision:
+            self._inspections.move_to_end(session_id)
+            return cached[1]
+        loading = self._loading.get(session_id)
+        if loading is None:
+            loading = self._loading[session_id] = _Loading()
+            # The read belongs to the persistence, not to the first observer: an
+            # observer that is cancelled stops waiting; the read still fills the cache.
+            self._nursery.start_soon(self._load_inspection, session_id, loading)
+        await loading.done.wait()
+        if loading.error is not None:
+            raise loading.error
+        assert loading.result is not None
+        return loading.result
 
-        def work() -> SessionInspection:
+    async def _load_inspection(self, session_id: str, loading: _Loading) -> None:
+        def work() -> tuple[str, SessionInspection]:
             stored = self.backend.load(session_id)
             records, closers = self._check_and_repair(session_id, stored)
             # Closers are records built from events (their arrays are tuples): thaw them.
-            return SessionInspection(
+            return stored.revision, SessionInspection(
                 freeze_record(header_record(stored.header)),
                 tuple(freeze_record(r) for r in records) + tuple(freeze_record(thaw(c)) for c in closers),
             )
 
-        return await trio.to_thread.run_sync(work)
+        try:
+            revision, inspection = await trio.to_thread.run_sync(work)
+        except Exception as exc:
+            loading.error = exc
+            self._inspections.pop(session_id, None)
+        else:
+            loading.result = inspection
+            self._inspections[session_id] = (revision, inspection)
+            self._inspections.move_to_end(session_id)
+            while len(self._inspections) > self._cache_size:
+                self._inspections.popitem(last=False)
+        finally:
+            if self._loading.get(session_id) is loading:
+                del self._loading[session_id]
+            loading.done.set()
 
     async def read_from(self, session_id: str, from_seq: object) -> tuple[FrozenDict, ...]:
         """The stored events with ``seq >= from_seq`` (detached, frozen; empty at or past
