@@ -1,4 +1,4 @@
-"""The `harness` command: `harness demo`, `harness sessions`, `harness bench`, `harness chaos`."""
+"""The `harness` command: `harness demo`, `harness chat`, `harness sessions`, `harness bench`, `harness chaos`."""
 
 from __future__ import annotations
 
@@ -20,10 +20,16 @@ def main(argv: list[str] | None = None) -> None:
 
     chaos = sub.add_parser("chaos", help="explore cancellations, I/O failures and crashes over built-in scenarios")
     add_arguments(chaos)
+    from harness._chat import register as register_chat
     from harness._sessions_cli import register as register_sessions
 
+    register_chat(sub)
     register_sessions(sub)
     args = parser.parse_args(argv)
+    if args.command == "chat":
+        from harness._chat import run as chat_run
+
+        sys.exit(chat_run(args))
     if args.command == "sessions":
         from harness._sessions_cli import main as sessions_main
 

@@ -5,6 +5,17 @@ It depends on nothing above the session core, so the agent loop and compaction's
 summarizer can both use it without importing each other.
 """
 
+from typing import TYPE_CHECKING, Any
+
+from harness.providers._errors import (
+    ContentFilteredError,
+    ProviderAuthError,
+    ProviderConnectionError,
+    ProviderRequestError,
+    ProviderServerError,
+    ProviderTimeoutError,
+    TruncatedStreamError,
+)
 from harness.providers._models import ModelCatalog, ModelInfo
 from harness.providers._protocol import (
     ContextWindowExceededError,
@@ -25,8 +36,42 @@ from harness.providers._protocol import (
     next_chunk,
 )
 
+if TYPE_CHECKING:
+    from harness.providers._openai import (
+        DEEPSEEK,
+        Endpoint,
+        OpenAICompatibleProvider,
+        RetryPolicy,
+        Timeouts,
+    )
+
+# The OpenAI-compatible provider needs httpx: imported on first use, so that the
+# protocol (and everything built on it) does not pay for it.
+_OPENAI = ("DEEPSEEK", "Endpoint", "OpenAICompatibleProvider", "RetryPolicy", "Timeouts")
+
+
+def __getattr__(name: str) -> Any:
+    if name in _OPENAI:
+        from harness.providers import _openai
+
+        return getattr(_openai, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 __all__ = [
+    "DEEPSEEK",
+    "ContentFilteredError",
     "ContextWindowExceededError",
+    "Endpoint",
+    "OpenAICompatibleProvider",
+    "ProviderAuthError",
+    "ProviderConnectionError",
+    "ProviderRequestError",
+    "ProviderServerError",
+    "ProviderTimeoutError",
+    "RetryPolicy",
+    "Timeouts",
+    "TruncatedStreamError",
     "Finish",
     "ModelCatalog",
     "ModelInfo",

@@ -1,0 +1,946 @@
+"""An OpenAI-compatible chat-completions provider, streaming over SSE on Trio (httpx).
+
+DeepSeek is the default endpoint (:data:`DEEPSEEK`); any service that speaks
+``POST {base_url}/chat/completions`` with ``stream: true`` works with an
+:class:`Endpoint` of its own. docs/providers.md describes the mapping and the
+decisions (content filter, retries, reasoning replay).
+
+The stream is a small class, not an async generator: the connection has to be
+released at once when the consumer is cancelled or stops reading, not when a garbage
+collector's finalizer gets to it. For the same reason the request body is a plain
+iterator and httpx's own chain of body generators is always run to its end (see
+``_ChatStream._release``).
+"""
+
+from __future__ import annotations
+
+import email.utils
+import functools
+import logging
+import math
+import os
+import random
+import re
+import ssl
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Mapping
+from types import MappingProxyType
+from typing import Any, Final, Literal, TypeAlias, final
+
+import attrs
+import httpx
+import orjson
+import trio
+
+from harness.providers._errors import (
+    ContentFilteredError,
+    ProviderAuthError,
+    ProviderConnectionError,
+    ProviderRequestError,
+    ProviderServerError,
+    ProviderTimeoutError,
+    TruncatedStreamError,
+)
+from harness.providers._models import ModelInfo
+from harness.providers._protocol import (
+    ContextWindowExceededError,
+    Finish,
+    ModelRequest,
+    ProviderError,
+    ProviderStreamError,
+    RateLimitedError,
+    ReasoningDelta,
+    StreamChunk,
+    TextDelta,
+    ToolCallDelta,
+    ToolSpec,
+    Usage,
+)
+from harness.providers._sse import SSEEvent, SSEFormatError, SSEParser
+from harness.session import thaw
+
+log = logging.getLogger("harness.providers.openai")
+
+ReasoningReplay: TypeAlias = Literal["never", "tool-calls", "always"]
+_Item: TypeAlias = StreamChunk | ProviderError
+
+#: An error body is read up to this many bytes (the rest is not worth waiting for).
+_ERROR_BODY_LIMIT: Final = 64 * 1024
+_CONTEXT_MESSAGE = re.compile(
+    r"context[ _-]?(length|window)|maximum context|too many tokens|prompt is too long|reduce the length",
+    re.IGNORECASE,
+)
+_CONTEXT_CODES: Final = frozenset({"context_length_exceeded", "context_window_exceeded", "string_above_max_length"})
+_RETRYABLE: Final = (RateLimitedError, ProviderServerError, ProviderConnectionError, ProviderTimeoutError, TruncatedStreamError)
+
+
+# -- configuration ------------------------------------------------------------------------------
+
+
+def _frozen_windows(windows: Mapping[str, int]) -> Mapping[str, int]:
+    return MappingProxyType(dict(windows))
+
+
+def _frozen_headers(headers: Mapping[str, Mapping[str, str]]) -> Mapping[str, Mapping[str, str]]:
+    return MappingProxyType({k: MappingProxyType(dict(v)) for k, v in headers.items()})
+
+
+@attrs.frozen
+class Endpoint:
+    """Where a provider talks to and what it knows about the service's models.
+
+    ``api_key_env`` names the environment variable holding the key (read when the
+    provider is built; ``None``: no key). ``context_windows`` maps model names to their
+    windows (``ModelInfo.context_window``). ``reasoning_replay``: which reasoning is sent
+    back as ``reasoning_content`` (see docs/providers.md). ``purpose_headers`` adds
+    headers to requests of a given ``ModelRequest.purpose`` (the reference's DeepSeek
+    adapter flags compaction requests).
+    """
+
+    name: str
+    base_url: str
+    default_model: str
+    api_key_env: str | None = None
+    context_windows: Mapping[str, int] = attrs.field(factory=dict, converter=_frozen_windows)
+    reasoning_replay: ReasoningReplay = "never"
+    purpose_headers: Mapping[str, Mapping[str, str]] = attrs.field(factory=dict, converter=_frozen_headers)
+
+
+DEEPSEEK: Final = Endpoint(
+    name="deepseek",
+    base_url="https://api.deepseek.com",
+    default_model="deepseek-chat",
+    api_key_env="DEEPSEEK_API_KEY",
+    context_windows={"deepseek-chat": 128_000, "deepseek-reasoner": 128_000},
+    reasoning_replay="tool-calls",
+    purpose_headers={"compaction": {"x-deepseek-harness-compact": "1"}},
+)
+
+
+@attrs.frozen
+class Timeouts:
+    """Seconds. ``read`` is an idle timeout: the longest silence between two reads of
+    the stream (keep-alive comments count as traffic). ``close`` bounds releasing a
+    connection (shielded) when a stream ends or is cancelled."""
+
+    connect: float = 10.0
+    read: float = 300.0
+    write: float = 30.0
+    pool: float = 10.0
+    close: float = 5.0
+
+
+@attrs.frozen
+class RetryPolicy:
+    """Bounded retries of a request that failed before any chunk was yielded: HTTP 429,
+    408 and 5xx, connection failures, timeouts, a stream cut before its first chunk.
+
+    The n-th retry (n = 0, 1, ...) waits ``min(max_delay, initial_delay * 2**n)``, less
+    up to ``jitter`` of it at random; a ``Retry-After`` (or ``retry-after-ms``) the
+    service sent is waited instead, unless it is longer than ``max_retry_after``: then
+    the error is raised at once, carrying ``retry_after_ms`` for the caller to decide.
+    ``max_retries=0`` disables retries.
+    """
+
+    max_retries: int = 3
+    initial_delay: float = 0.5
+    max_delay: float = 20.0
+    jitter: float = 0.2
+    max_retry_after: float = 60.0
+
+    def __attrs_post_init__(self) -> None:
+        if self.max_retries < 0 or self.initial_delay < 0 or self.max_delay < 0 or not 0 <= self.jitter <= 1:
+            raise ValueError(f"invalid retry policy {self!r}")
+
+    def delay(self, retry: int, retry_after: float | None, rng: random.Random) -> float | None:
+        """Seconds to wait before retry number ``retry`` (0-based); ``None``: do not."""
+        if retry >= self.max_retries:
+            return None
+        if retry_after is not None:
+            return None if retry_after > self.max_retry_after else max(0.0, retry_after)
+        base: float = min(self.max_delay, self.initial_delay * 2.0**retry)
+        return base * (1.0 - self.jitter * rng.random())
+
+
+@functools.cache
+def _ssl_context() -> ssl.SSLContext:
+    # Building one loads the CA bundle (~30 ms): do it once per process.
+    return httpx.create_ssl_context()
+
+
+# -- the provider -------------------------------------------------------------------------------
+
+
+@final
+class OpenAICompatibleProvider:
+    """A :class:`~harness.providers.ModelProvider` for an OpenAI-compatible
+    chat-completions endpoint, DeepSeek's by default.
+
+    The API key comes from ``api_key`` or the endpoint's environment variable
+    (``DEEPSEEK_API_KEY``); it is sent as a bearer token and never logged, never put in
+    an error message (a service echoing it is redacted) nor in a session.
+
+    The HTTP client (a connection pool) is created on first use; :meth:`aclose` (or
+    ``async with``) closes it. ``transport`` replaces the network (tests);
+    ``trust_env`` lets httpx read proxy settings from the environment.
+    """
+
+    def __init__(
+        self,
+        endpoint: Endpoint = DEEPSEEK,
+        *,
+        model: str | None = None,
+        api_key: str | None = None,
+        base_url: str | None = None,
+        context_windows: Mapping[str, int] | None = None,
+        timeouts: Timeouts | None = None,
+        retry: RetryPolicy | None = None,
+        reasoning_replay: ReasoningReplay | None = None,
+        headers: Mapping[str, str] | None = None,
+        extra_body: Mapping[str, Any] | None = None,
+        trust_env: bool = True,
+        transport: httpx.AsyncBaseTransport | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.endpoint = endpoint
+        self.name = endpoint.name
+        self.model = model or endpoint.default_model
+        self.base_url = (base_url or endpoint.base_url).rstrip("/")
+        if api_key is None and endpoint.api_key_env:
+            api_key = os.environ.get(endpoint.api_key_env) or None
+        self._api_key = api_key
+        windows = {**endpoint.context_windows, **(context_windows or {})}
+        for m, w in windows.items():
+            if type(w) is not int or w <= 0:
+                raise ValueError(f"context window of {self.name}/{m} must be a positive integer, got {w!r}")
+        self.context_windows: Mapping[str, int] = windows
+        self.timeouts = timeouts or Timeouts()
+        self.retry = retry or RetryPolicy()
+        self.reasoning_replay: ReasoningReplay = reasoning_replay or endpoint.reasoning_replay
+        self.headers = {k.lower(): v for k, v in (headers or {}).items()}
+        self.extra_body = dict(extra_body or {})
+        self._trust_env = trust_env
+        self._transport = transport
+        self._rng = rng or random.Random()
+        self._client: httpx.AsyncClient | None = None
+
+    def __repr__(self) -> str:  # never the key
+        key = "set" if self._api_key else "missing"
+        return f"<OpenAICompatibleProvider {self.name}/{self.model} at {self.base_url} (api key {key})>"
+
+    # -- model info ---------------------------------------------------------------------------
+
+    @property
+    def context_window(self) -> int | None:
+        """The configured window of :attr:`model` (``None``: unknown)."""
+        return self.context_windows.get(self.model)
+
+    @property
+    def has_api_key(self) -> bool:
+        return bool(self._api_key)
+
+    def model_info(self, model: str | None = None) -> ModelInfo:
+        m = model or self.model
+        return ModelInfo(self.name, m, self.context_windows.get(m))
+
+    def catalog_windows(self) -> dict[tuple[str, str], int]:
+        """Every configured window keyed for :class:`~harness.providers.ModelCatalog`:
+        ``ModelCatalog(p.catalog_windows(), [p])`` answers per model."""
+        return {(self.name, m): w for m, w in self.context_windows.items()}
+
+    def with_model(self, model: str) -> OpenAICompatibleProvider:
+        """The same endpoint, key and settings for another model (its own client)."""
+        return OpenAICompatibleProvider(
+            self.endpoint,
+            model=model,
+            api_key=self._api_key,
+            base_url=self.base_url,
+            context_windows=self.context_windows,
+            timeouts=self.timeouts,
+            retry=self.retry,
+            reasoning_replay=self.reasoning_replay,
+            headers=self.headers,
+            extra_body=self.extra_body,
+            trust_env=self._trust_env,
+            transport=self._transport,
+            rng=self._rng,
+        )
+
+    # -- streaming ----------------------------------------------------------------------------
+
+    def stream(self, request: ModelRequest) -> AsyncIterator[StreamChunk]:
+        """Stream a reply to ``request`` (see the module docs for the mapping).
+
+        Nothing happens until the first ``__anext__``, which sends the request (with
+        the retries of :attr:`retry`). Every ``__anext__`` is a checkpoint.
+
+        Cancellation: a cancelled ``__anext__`` closes the HTTP connection before
+        ``Cancelled`` propagates (shielded, bounded by ``timeouts.close``); ``aclose``
+        does the same for a stream abandoned half-read.
+        """
+        return _ChatStream(self, request)
+
+    async def aclose(self) -> None:
+        """Close the connection pool (idempotent). Cancellation: shielded, bounded by
+        ``timeouts.close``."""
+        client, self._client = self._client, None
+        if client is not None:
+            with trio.CancelScope(shield=True, deadline=trio.current_time() + self.timeouts.close):
+                await client.aclose()
+
+    async def __aenter__(self) -> OpenAICompatibleProvider:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    def _http(self) -> httpx.AsyncClient:
+        if self._client is None:
+            t = self.timeouts
+            self._client = httpx.AsyncClient(
+                timeout=httpx.Timeout(connect=t.connect, read=t.read, write=t.write, pool=t.pool),
+                trust_env=self._trust_env,
+                verify=_ssl_context(),
+                transport=self._transport,
+            )
+        return self._client
+
+    def _request_headers(self, purpose: str | None) -> dict[str, str]:
+        headers = {
+            "content-type": "application/json",
+            "accept": "text/event-stream",
+            # A compressed event stream would be buffered by the decoder: ask for none.
+            "accept-encoding": "identity",
+            "user-agent": "trio-harness",
+        }
+        headers.update(self.headers)
+        if purpose is not None:
+            headers.update(self.endpoint.purpose_headers.get(purpose, {}))
+        if self._api_key:
+            headers["authorization"] = f"Bearer {self._api_key}"
+        return headers
+
+    def _redact(self, text: str) -> str:
+        key = self._api_key
+        return text.replace(key, "[redacted]") if key and len(key) >= 4 else text
+
+
+# -- the request --------------------------------------------------------------------------------
+
+
+def chat_request_body(
+    request: ModelRequest,
+    *,
+    reasoning_replay: ReasoningReplay = "never",
+    extra_body: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The JSON body of a streamed chat-completions request for ``request``."""
+    body: dict[str, Any] = {
+        "model": request.model,
+        "messages": chat_messages(request, reasoning_replay=reasoning_replay),
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    if request.tools:
+        body["tools"] = [_tool_spec(t) for t in request.tools]
+    if request.max_tokens is not None:
+        body["max_tokens"] = request.max_tokens
+    if extra_body:
+        body.update(extra_body)
+    return body
+
+
+def _tool_spec(tool: ToolSpec) -> dict[str, Any]:
+    return {
+        "type": "function",
+        "function": {"name": tool.name, "description": tool.description, "parameters": thaw(tool.parameters)},
+    }
+
+
+def chat_messages(request: ModelRequest, *, reasoning_replay: ReasoningReplay = "never") -> list[dict[str, Any]]:
+    """The surface messages as OpenAI chat messages.
+
+    * the system prompt first;
+    * a user message: its ``tool-result`` blocks become ``tool`` messages (in order,
+      first: they answer the preceding assistant message), its text blocks one
+      ``user`` message (blocks joined by newlines; a block of another kind is named in
+      brackets, e.g. ``[image omitted]``);
+    * an assistant message: its text blocks as ``content``, its ``tool-call`` blocks as
+      ``tool_calls``; its reasoning as ``reasoning_content`` only as
+      ``reasoning_replay`` says (``tool-calls``: in a turn that called tools, DeepSeek's
+      thinking-mode rule; ``always``; ``never``). An assistant message left with
+      neither text nor calls (e.g. reasoning only, interrupted) is not sent.
+    """
+    out: list[dict[str, Any]] = []
+    if request.system:
+        out.append({"role": "system", "content": request.system})
+    messages = [thaw(m) for m in request.messages]
+    replay = _replayed_reasoning(messages, reasoning_replay)
+    for i, m in enumerate(messages):
+        role = m.get("role")
+        blocks = m.get("content") or []
+        if role == "assistant":
+            texts: list[str] = []
+            reasoning: list[str] = []
+            calls: list[dict[str, Any]] = []
+            for b in blocks:
+                kind = b.get("type")
+                if kind == "text":
+                    texts.append(str(b.get("text", "")))
+                elif kind == "reasoning":
+                    reasoning.append(str(b.get("text", "")))
+                elif kind == "tool-call":
+                    calls.append(
+                        {
+                            "id": str(b.get("id")),
+                            "type": "function",
+                            "function": {"name": str(b.get("name")), "arguments": str(b.get("arguments") or "{}")},
+                        }
+                    )
+            text = "\n".join(t for t in texts if t)
+            if not text and not calls:
+                continue
+            msg: dict[str, Any] = {"role": "assistant", "content": text}
+            if calls:
+                msg["tool_calls"] = calls
+            thought = "".join(reasoning)
+            if thought and i in replay:
+                msg["reasoning_content"] = thought
+            out.append(msg)
+        elif role == "system":
+            out.append({"role": "system", "content": _joined(blocks)})
+        else:
+            texts = []
+            for b in blocks:
+                kind = b.get("type")
+                if kind == "tool-result":
+                    out.append({"role": "tool", "tool_call_id": str(b.get("toolCallId")), "content": _joined(b.get("content") or [])})
+                elif kind == "text":
+                    texts.append(str(b.get("text", "")))
+                else:
+                    texts.append(f"[{kind} omitted]")
+            if texts:
+                out.append({"role": "user", "content": "\n".join(texts)})
+    return out
+
+
+def _joined(blocks: Any) -> str:
+    if isinstance(blocks, str):
+        return blocks
+    parts = []
+    for b in blocks:
+        kind = b.get("type") if isinstance(b, dict) else None
+        parts.append(str(b.get("text", "")) if kind == "text" else f"[{kind} omitted]")
+    return "\n".join(parts)
+
+
+def _replayed_reasoning(messages: list[dict[str, Any]], policy: ReasoningReplay) -> set[int]:
+    """Indices of the assistant messages whose reasoning is sent back."""
+    assistants = {i for i, m in enumerate(messages) if m.get("role") == "assistant"}
+    if policy == "always":
+        return assistants
+    if policy == "never":
+        return set()
+    # "tool-calls": every assistant message of a turn (the messages between two user
+    # prompts) in which the model called a tool.
+    out: set[int] = set()
+    turn: list[int] = []
+    called = False
+    for i, m in enumerate(messages):
+        blocks = m.get("content") or []
+        if m.get("role") == "user" and any(b.get("type") != "tool-result" for b in blocks):
+            if called:
+                out.update(turn)
+            turn, called = [], False
+        elif i in assistants:
+            turn.append(i)
+            called = called or any(b.get("type") == "tool-call" for b in blocks)
+    if called:
+        out.update(turn)
+    return out
+
+
+# -- the reply ----------------------------------------------------------------------------------
+
+
+class _Call:
+    __slots__ = ("announced", "block", "buffered", "id", "name")
+
+    def __init__(self, block: int) -> None:
+        self.block = block
+        self.id: str | None = None
+        self.name: str | None = None
+        self.buffered = ""
+        self.announced = False
+
+
+class _ReplyMapper:
+    """Chat-completion chunks (parsed JSON) to protocol chunks.
+
+    Content blocks are numbered in order of appearance: a run of reasoning deltas is
+    one block, a run of text deltas another, each tool call its own. Tool-call
+    fragments are keyed by their ``index``; the first :class:`ToolCallDelta` of a call
+    carries its id and name (fragments that arrive before the name are held back).
+    Usage and the finish are emitted at the end, in that order.
+    """
+
+    def __init__(self, provider: str) -> None:
+        self._provider = provider
+        self._blocks = 0
+        self._current: tuple[str, int] | None = None
+        self._calls: dict[int, _Call] = {}
+        self._usage: Usage | None = None
+        self.finish: str | None = None
+
+    def _block(self, kind: str) -> int:
+        if self._current is None or self._current[0] != kind:
+            self._current = (kind, self._blocks)
+            self._blocks += 1
+        return self._current[1]
+
+    def feed(self, chunk: dict[str, Any]) -> list[_Item]:
+        out: list[_Item] = []
+        usage = chunk.get("usage")
+        if isinstance(usage, dict):
+            self._usage = Usage(_int(usage.get("prompt_tokens")), _int(usage.get("completion_tokens")))
+        choices = chunk.get("choices")
+        if not isinstance(choices, list):
+            return out
+        for choice in choices:
+            if not isinstance(choice, dict) or choice.get("index", 0) != 0:
+                continue  # n=1: the first choice only
+            delta = choice.get("delta")
+            if isinstance(delta, dict):
+                self._delta(delta, out)
+            reason = choice.get("finish_reason")
+            if reason:
+                error = self._finish(str(reason))
+                if error is not None:
+                    out.append(error)
+        return out
+
+    def _delta(self, delta: dict[str, Any], out: list[_Item]) -> None:
+        thought = delta.get("reasoning_content")
+        if isinstance(thought, str) and thought:
+            out.append(ReasoningDelta(self._block("reasoning"), thought))
+        text = delta.get("content")
+        if isinstance(text, str) and text:
+            out.append(TextDelta(self._block("text"), text))
+        calls = delta.get("tool_calls")
+        if isinstance(calls, list):
+            for fragment in calls:
+                if isinstance(fragment, dict):
+                    self._call(fragment, out)
+
+    def _call(self, fragment: dict[str, Any], out: list[_Item]) -> None:
+        key = fragment.get("index")
+        if type(key) is not int:
+            # No index (some servers): a new id, or a name when the last call has one,
+            # opens a call; anything else continues the last.
+            fid = fragment.get("id")
+            fn = fragment.get("function")
+            named = isinstance(fn, dict) and bool(fn.get("name"))
+            last = self._calls[max(self._calls)] if self._calls else None
+            new = last is None or (fid and fid not in {c.id for c in self._calls.values()}) or (named and last.name)
+            key = len(self._calls) if new else max(self._calls)
+        call = self._calls.get(key)
+        if call is None:
+            self._current = None
+            call = self._calls[key] = _Call(self._blocks)
+            self._blocks += 1
+        fid = fragment.get("id")
+        if isinstance(fid, str) and fid and call.id is None:
+            call.id = fid
+        fn = fragment.get("function")
+        fn = fn if isinstance(fn, dict) else {}
+        name = fn.get("name")
+        if isinstance(name, str) and name and call.name is None:
+            call.name = name
+        args = fn.get("arguments")
+        args = args if isinstance(args, str) else ""
+        if call.announced:
+            if args:
+                out.append(ToolCallDelta(call.block, self._call_id(key, call), args))
+        elif call.name is not None:
+            call.announced = True
+            out.append(ToolCallDelta(call.block, self._call_id(key, call), call.buffered + args, call.name))
+            call.buffered = ""
+        else:
+            call.buffered += args
+
+    def _call_id(self, key: int, call: _Call) -> str:
+        if call.id is None:
+            call.id = f"call_{key}"
+        return call.id
+
+    def _finish(self, reason: str) -> ProviderError | None:
+        if reason == "stop":
+            self.finish = "tool-calls" if self._calls else "stop"
+        elif reason in ("tool_calls", "function_call"):
+            self.finish = "tool-calls"
+        elif reason == "length":
+            self.finish = "length"
+        elif reason == "content_filter":
+            return ContentFilteredError(f"{self._provider}: the reply was stopped by the content filter")
+        elif reason == "insufficient_system_resource":
+            return ProviderServerError(f"{self._provider}: the reply was interrupted (insufficient system resource)")
+        else:
+            return ProviderStreamError(f"{self._provider}: unknown finish reason {reason!r}")
+        return None
+
+    def end(self) -> list[_Item]:
+        """What closes the reply once the service said it is complete."""
+        if self.finish is None:
+            return [TruncatedStreamError(f"{self._provider}: the stream ended without a finish reason")]
+        unnamed = [k for k, c in self._calls.items() if not c.announced]
+        if unnamed:
+            return [ProviderStreamError(f"{self._provider}: tool call(s) {unnamed} arrived without a name")]
+        out: list[_Item] = []
+        if self._usage is not None:
+            out.append(self._usage)
+        out.append(Finish(self.finish))
+        return out
+
+
+class _Body(httpx.AsyncByteStream):
+    """The request body. httpx's own byte streams iterate with an async generator,
+    which a cancellation during the upload would leave suspended for the garbage
+    collector; this iterator is a plain object."""
+
+    def __init__(self, data: bytes) -> None:
+        self._data = data
+
+    def __aiter__(self) -> AsyncIterator[bytes]:
+        return _Once(self._data)
+
+
+class _Once:
+    def __init__(self, data: bytes) -> None:
+        self._data: bytes | None = data
+
+    def __aiter__(self) -> _Once:
+        return self
+
+    async def __anext__(self) -> bytes:
+        data, self._data = self._data, None
+        if data is None:
+            raise StopAsyncIteration
+        return data
+
+
+async def _exhaust(raw: AsyncIterator[bytes]) -> None:
+    """Read ``raw`` to its end or its first failure (see ``_ChatStream._release``)."""
+    try:
+        while True:
+            await raw.__anext__()
+    except (StopAsyncIteration, httpx.HTTPError):
+        pass
+
+
+def _int(value: object) -> int:
+    return value if type(value) is int and value >= 0 else 0
+
+
+class _ChatStream:
+    """One streamed request. See :meth:`OpenAICompatibleProvider.stream`."""
+
+    def __init__(self, provider: OpenAICompatibleProvider, request: ModelRequest) -> None:
+        self._p = provider
+        self._request = request
+        self._response: httpx.Response | None = None
+        self._raw: AsyncIterator[bytes] | None = None
+        self._parser = SSEParser()
+        self._mapper = _ReplyMapper(provider.name)
+        self._pending: deque[_Item] = deque()
+        self._retries = 0
+        self._yielded = False
+        self._ended = False  # nothing more will be read: done, failed or closed
+        self._complete = False  # [DONE] was read: the body's end may be drained
+
+    def __aiter__(self) -> _ChatStream:
+        return self
+
+    async def __anext__(self) -> StreamChunk:
+        try:
+            await trio.lowlevel.checkpoint()
+            while not self._pending:
+                if self._ended:
+                    raise StopAsyncIteration
+                await self._fill()
+            item = self._pending.popleft()
+            if isinstance(item, ProviderError):
+                self._ended = True
+                self._pending.clear()
+                raise item
+            self._yielded = True
+            return item
+        except BaseException:
+            # Cancelled, failed or finished: the connection goes now, not at aclose.
+            await self._release()
+            raise
+
+    async def aclose(self) -> None:
+        """Stop reading and release the connection (idempotent)."""
+        self._ended = True
+        self._pending.clear()
+        await self._release()
+
+    async def _release(self, *, drain: bool = False) -> None:
+        """Let the response go. ``drain``: the body is complete (``[DONE]`` was read),
+        so read its end first, bounded, and the connection may go back to the pool;
+        otherwise it is closed at once.
+
+        httpx reads a body through a chain of async generators. One left suspended
+        would be finalized by the garbage collector (a ``ResourceWarning``, and a task
+        scheduled at a moment nobody chose), so the chain is always run to its end:
+        after the close, one more read on the closed connection fails through it.
+
+        Shielded: a cancelled consumer must still close the socket (the service would
+        go on generating, and billing, a reply nobody reads). Bounded by
+        ``timeouts.close``: a close cannot hang the caller.
+        """
+        raw, response = self._raw, self._response
+        self._raw = self._response = None
+        if raw is None and response is None:
+            return
+        grace = self._p.timeouts.close
+        with trio.CancelScope(shield=True):
+            if drain and raw is not None:
+                with trio.move_on_after(min(grace, 1.0)):
+                    await _exhaust(raw)
+            with trio.move_on_after(grace):
+                try:
+                    if response is not None:
+                        await response.aclose()
+                finally:
+                    if raw is not None:
+                        await _exhaust(raw)
+
+    # -- reading ------------------------------------------------------------------------------
+
+    async def _fill(self) -> None:
+        """Read until something is pending or the stream ended (one read at most)."""
+        if self._raw is None:
+            await self._open()
+            return
+        try:
+            data = await self._raw.__anext__()
+        except StopAsyncIteration:
+            self._events(self._parser.close())
+            self._end()
+            return
+        except httpx.HTTPError as exc:
+            if self._mapper.finish is not None:
+                self._end()  # cut after the finish reason: the reply is complete
+                return
+            error = self._transport_error(exc, started=True)
+            if await self._retry(error):
+                return
+            raise error from exc
+        try:
+            events = self._parser.feed(data)
+        except SSEFormatError as exc:
+            raise ProviderStreamError(f"{self._p.name}: {exc}") from exc
+        self._events(events)
+        if self._ended:
+            await self._release(drain=self._complete)
+
+    def _end(self) -> None:
+        if not self._ended:
+            self._pending.extend(self._mapper.end())
+            self._ended = True
+
+    def _events(self, events: list[SSEEvent]) -> None:
+        for event in events:
+            if self._ended:
+                return
+            if event.data == "[DONE]":
+                self._complete = True
+                self._end()
+                continue
+            try:
+                payload = orjson.loads(event.data)
+            except orjson.JSONDecodeError:
+                self._fail(ProviderStreamError(f"{self._p.name}: malformed stream event: {self._p._redact(event.data[:200])!r}"))
+                return
+            if not isinstance(payload, dict):
+                self._fail(ProviderStreamError(f"{self._p.name}: unexpected stream event {type(payload).__name__}"))
+                return
+            if event.event == "error" or payload.get("error"):
+                self._fail(self._error(None, {}, payload))
+                return
+            items = self._mapper.feed(payload)
+            self._pending.extend(items)
+            if items and isinstance(items[-1], ProviderError):
+                self._ended = True
+                return
+
+    def _fail(self, error: ProviderError) -> None:
+        self._pending.append(error)
+        self._ended = True
+
+    # -- the request --------------------------------------------------------------------------
+
+    async def _open(self) -> None:
+        p = self._p
+        body = orjson.dumps(chat_request_body(self._request, reasoning_replay=p.reasoning_replay, extra_body=p.extra_body))
+        headers = p._request_headers(self._request.purpose)
+        if "authorization" not in headers:
+            env = p.endpoint.api_key_env
+            hint = f": set {env}" if env else ""
+            raise ProviderAuthError(f"{p.name}: no API key configured{hint}")
+        client = p._http()
+        url = f"{p.base_url}/chat/completions"
+        while True:
+            try:
+                http_request = client.build_request("POST", url, headers=headers, content=body)
+                http_request.stream = _Body(body)
+                response = await client.send(http_request, stream=True)
+            except httpx.HTTPError as exc:
+                error = self._transport_error(exc, started=False)
+                if await self._retry(error):
+                    continue
+                raise error from exc
+            self._response = response
+            kind = response.headers.get("content-type", "")
+            if 200 <= response.status_code < 300 and "text/event-stream" in kind:
+                self._raw = response.aiter_raw()
+                self._parser = SSEParser()
+                self._mapper = _ReplyMapper(p.name)
+                return
+            payload = await self._error_body(response)
+            if 200 <= response.status_code < 300:
+                # A reply that is not an event stream: an error object, or a service
+                # that ignored ``stream: true``.
+                if isinstance(payload, dict) and payload.get("error"):
+                    raise self._error(None, response.headers, payload)
+                got = kind or "no content type"
+                raise ProviderStreamError(f"{p.name}: expected an event stream, got {got}", status=response.status_code)
+            error = self._error(response.status_code, response.headers, payload)
+            if await self._retry(error):
+                continue
+            raise error
+
+    async def _error_body(self, response: httpx.Response) -> Any:
+        """The start of an error reply's body (JSON when it parses); the response is
+        released afterwards."""
+        data = bytearray()
+        raw = self._raw = response.aiter_raw()
+        try:
+            while len(data) < _ERROR_BODY_LIMIT:
+                data += await raw.__anext__()
+        except (StopAsyncIteration, httpx.HTTPError):
+            pass  # what arrived is all there is
+        await self._release()
+        text = bytes(data[:_ERROR_BODY_LIMIT]).decode("utf-8", errors="replace")
+        try:
+            return orjson.loads(text)
+        except orjson.JSONDecodeError:
+            return text
+
+    async def _retry(self, error: ProviderError) -> bool:
+        """Wait and return True when ``error`` may be retried: nothing was yielded yet,
+        it is transient, the budget and the service's ``Retry-After`` allow it."""
+        if self._yielded or self._pending or not isinstance(error, _RETRYABLE):
+            return False
+        retry_after = None if error.retry_after_ms is None else error.retry_after_ms / 1000
+        delay = self._p.retry.delay(self._retries, retry_after, self._p._rng)
+        if delay is None:
+            return False
+        self._retries += 1
+        log.warning(
+            "%s; retry %d of %d in %.2f s", error, self._retries, self._p.retry.max_retries, delay
+        )
+        await self._release()
+        await trio.sleep(delay)
+        return True
+
+    # -- errors -------------------------------------------------------------------------------
+
+    def _transport_error(self, exc: httpx.HTTPError, *, started: bool) -> ProviderError:
+        name = self._p.name
+        where = self._p.base_url
+        if isinstance(exc, httpx.TimeoutException):
+            phase: Literal["connect", "read", "write", "pool"] = (
+                "connect"
+                if isinstance(exc, httpx.ConnectTimeout)
+                else "write"
+                if isinstance(exc, httpx.WriteTimeout)
+                else "pool"
+                if isinstance(exc, httpx.PoolTimeout)
+                else "read"
+            )
+            what = {
+                "connect": f"connecting to {where} timed out",
+                "read": f"the stream from {where} was silent for {self._p.timeouts.read:g} s",
+                "write": f"sending the request to {where} timed out",
+                "pool": "no connection was free in the pool",
+            }[phase]
+            return ProviderTimeoutError(f"{name}: {what}", phase=phase)
+        if isinstance(exc, httpx.ConnectError):
+            return ProviderConnectionError(f"{name}: cannot connect to {where}: {self._p._redact(str(exc))}")
+        if isinstance(exc, (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)):
+            if started:
+                return TruncatedStreamError(f"{name}: the connection closed mid-stream: {self._p._redact(str(exc))}")
+            return ProviderConnectionError(f"{name}: the connection to {where} failed: {self._p._redact(str(exc))}")
+        return ProviderStreamError(f"{name}: transport failed: {self._p._redact(repr(exc))}")
+
+    def _error(self, status: int | None, headers: Mapping[str, str], payload: Any) -> ProviderError:
+        """The typed error for an HTTP error reply (or an error object in the stream)."""
+        name = self._p.name
+        message, code = _error_fields(payload)
+        message = self._p._redact(message)[:2000]
+        text = f"{name}: HTTP {status}: {message}" if status is not None else f"{name}: {message}"
+        retry_after_ms = _retry_after_ms(headers)
+        kw: dict[str, Any] = {"status": status, "retry_after_ms": retry_after_ms}
+        if status in (401, 403) or code in ("invalid_api_key", "authentication_error"):
+            return ProviderAuthError(text, **kw)
+        if status == 429 or code in ("rate_limit_exceeded", "rate_limit_error"):
+            return RateLimitedError(text, **kw)
+        if status == 413 or code in _CONTEXT_CODES or (status in (None, 400, 422) and _CONTEXT_MESSAGE.search(message)):
+            return ContextWindowExceededError(text, **kw)
+        if status is None or status == 408 or status >= 500:
+            return ProviderServerError(text, **kw)
+        return ProviderRequestError(text, **kw)
+
+
+def _error_fields(payload: Any) -> tuple[str, str | None]:
+    """``(message, code)`` of an error body: ``{"error": {"message", "code"|"type"}}``,
+    ``{"error": "..."}``, ``{"message": ...}`` or plain text."""
+    if isinstance(payload, dict):
+        err = payload.get("error", payload)
+        if isinstance(err, str):
+            return err, None
+        if isinstance(err, dict):
+            message = err.get("message") or err.get("msg") or orjson.dumps(err).decode()
+            code = err.get("code") or err.get("type")
+            return str(message), str(code) if code is not None else None
+    text = str(payload).strip()
+    return (text or "(no body)"), None
+
+
+def _retry_after_ms(headers: Mapping[str, str]) -> int | None:
+    """``retry-after-ms`` (OpenAI), else ``Retry-After`` in seconds or as an HTTP date."""
+    raw = headers.get("retry-after-ms")
+    if raw is not None:
+        try:
+            value = float(raw)
+            if math.isfinite(value) and value >= 0:
+                return int(value)
+        except ValueError:
+            pass
+    raw = headers.get("retry-after")
+    if raw is None:
+        return None
+    try:
+        seconds = float(raw)
+    except ValueError:
+        try:
+            when = email.utils.parsedate_to_datetime(raw)
+        except (TypeError, ValueError):
+            return None
+        seconds = when.timestamp() - time.time()
+    if not math.isfinite(seconds):
+        return None
+    return int(max(0.0, seconds) * 1000)
