@@ -223,7 +223,11 @@ class AgentCompaction:
 
     async def compact_region(self, agent: Agent, start: int, end: int) -> CompactionResult:
         """Explicit-region compaction with this policy's summarizer: the session's
-        open turn owns the bracket (``SessionHandle.compact_region``, automatic)."""
+        open turn owns the bracket (``SessionHandle.compact_region``, automatic; raw
+        errors).
+
+        Cancellation: ``SessionHandle.compact_region``'s contract — the summarizer is
+        cancelled, the bracket closed with an error end, then ``Cancelled`` propagates."""
         return await agent.session.compact_region(start, end, summarizer=self.summarizer(agent))
 
     # -- manual compaction (§7.1) ----------------------------------------------------------

@@ -681,7 +681,10 @@ class _ChatStream:
             raise
 
     async def aclose(self) -> None:
-        """Stop reading and release the connection (idempotent)."""
+        """Stop reading and release the connection (idempotent).
+
+        Cancellation: the release is shielded, so a cancelled caller still leaves no
+        connection open; ``Cancelled`` is delivered at its next checkpoint."""
         self._ended = True
         self._pending.clear()
         await self._release()
