@@ -383,10 +383,10 @@ def test_complete_frames_must_be_whole_and_valid(tmp_path: Path) -> None:
             header + frame(b"garbage\n") + frame(lines(turn_records(0, 1, close=False))),
             "complete frame contains a torn JSONL record",
         ),
-        "bad-line-then-turn-end-frame": (header + frame(b"garbage\n") + good, "unparsable committed event at line 2"),
+        "bad-line-then-turn-end-frame": (header + frame(b"garbage\n") + good, "unparsable committed event at line 1"),
         "bad-line-then-turn-end": (
             header + frame(lines(turn_records(0, 1)[:2]) + b"garbage\n" + lines(turn_records(0, 1)[2:])),
-            "unparsable committed event at line 4",
+            "unparsable committed event at line 3",
         ),
         "checksum": (header + good[:-1] + bytes([good[-1] ^ 0xFF]), f"frame at byte {len(header)} failed validation"),
         "two-line-header": (frame(header_line(H) + b'{"type":"turn/start"}\n'), "first frame is not exactly one header line"),

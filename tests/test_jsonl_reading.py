@@ -66,7 +66,7 @@ def test_torn_last_line_is_cut(tmp_path: Path) -> None:
 
 def test_bad_line_then_turn_end_is_corruption(tmp_path: Path) -> None:
     body = line(ev(0)) + b"garbage\n" + line(ev(2, "turn/end"))
-    with pytest.raises(SessionCorruptionError, match="unparsable committed event at line 3"):
+    with pytest.raises(SessionCorruptionError, match="unparsable committed event at line 2"):
         write(tmp_path, body).load("s")
 
 
@@ -79,7 +79,7 @@ def test_bad_line_without_later_turn_end_is_a_torn_tail(tmp_path: Path) -> None:
 
 def test_seq_gap(tmp_path: Path) -> None:
     body = line(ev(0)) + line(ev(2)) + line(ev(3, "turn/end"))
-    with pytest.raises(SessionCorruptionError, match=r"seq gap in committed region at line 3 \(expected 1, got 2\)"):
+    with pytest.raises(SessionCorruptionError, match=r"seq gap in committed region at line 2 \(expected 1, got 2\)"):
         write(tmp_path, body).load("s")
     body = line(ev(0)) + line(ev(5))
     stored = write(tmp_path / "b", body).load("s")

@@ -396,7 +396,7 @@ class JsonlBackend:
             # Best effort: a frame torn early may yield no plaintext at all.
             tail = codec.decode_prefix(data[torn_start:]).split(b"\n")
             tail.pop()  # no newline after it: not a complete record
-            records, kept = _slow_scan(session_id, tail, 0, records=records, first_line=len(lines) + 2)
+            records, kept = _slow_scan(session_id, tail, 0, records=records, first_line=len(lines) + 1)
         self._recovered[session_id] = (torn_start, revision, b"".join(line + b"\n" for line in tail)[:kept])
         return StoredLog(header, records, torn_start, revision)
 
@@ -869,12 +869,13 @@ def _fast_scan(lines: list[bytes]) -> list[Any] | None:
 
 
 def _slow_scan(
-    session_id: str, lines: list[bytes], start: int, *, records: list[Any] | None = None, first_line: int = 2
+    session_id: str, lines: list[bytes], start: int, *, records: list[Any] | None = None, first_line: int = 1
 ) -> tuple[list[Any], int]:
     """The reading rules of reference §1.5, line by line (rows, bad lines, gaps).
 
-    ``lines`` start at byte ``start`` and are numbered from ``first_line`` (the file's
-    line numbers: the header is line 1); the good ones extend ``records``. Returns the
+    ``lines`` start at byte ``start`` and are numbered from ``first_line``, counting
+    event lines as the reference does (the first line after the header is line 1); the
+    good ones extend ``records``. Returns the
     records and where the last good line ends."""
     if records is None:
         records = []
