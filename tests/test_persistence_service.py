@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from harness.errors import (
+    FlushError,
     PersistedSessionNotFoundError,
     PersistenceArgumentError,
     PersistenceError,
@@ -318,3 +319,39 @@ async def test_cold_inspections_share_one_read_and_an_lru(tmp_path: Path) -> Non
         await trio.testing.wait_all_tasks_blocked()
         await p.inspect("b")
         assert loads == ["b"]
+
+
+async def test_a_live_session_adopts_a_stored_log_its_seed_continues(tmp_path: Path) -> None:
+    # Reference §2.4 case 3 (HMR adoption): a stored id not tracked by this persistence.
+    async with open_store() as store, open_persistence(store, JsonlBackend(tmp_path)) as p:
+        first = await store.create("h", cwd="/w")
+        await first.append("turn/start", {"turn": 1})  # left open: adoption adds no closers
+        await first.flush()
+        records = [dict(r) for r in await p.read_from("h", 0)]
+        await store.detach(first)
+        await p.wait_retired("h")
+    path = Path(JsonlBackend(tmp_path).locate("h") or "")
+    with path.open("ab") as f:
+        f.write(b'{"type":"user/mess')  # a torn tail
+    async with open_store() as store, open_persistence(store, JsonlBackend(tmp_path)) as p:
+        live = await store.create("h", cwd="/w", seed=[thaw(r) for r in records])
+        await live.append("user/message", user("next"), surface_op="append")
+        await live.flush()
+        stored = await p.read_from("h", 0)
+        assert [e["type"] for e in stored] == ["turn/start", "session/end-seed", "user/message"]
+        await store.detach(live)
+        await p.wait_retired("h")
+    # A live log that does not continue the stored one is refused at its first write
+    # (and its events are reported again when the persistence closes).
+    async with open_store() as store:
+        with pytest.raises(PersistenceError, match="closing failed"):
+            async with open_persistence(store, JsonlBackend(tmp_path)):
+                other = await store.create("h", cwd="/w")
+                await other.append("user/message", user("unrelated"), surface_op="append")
+                with pytest.raises(FlushError) as info:
+                    await other.flush()
+                assert isinstance(info.value.__cause__, SessionLogExistsError)
+                assert str(info.value.__cause__) == (
+                    'session "h" already has a persisted log on disk that does not match this live '
+                    "session (id collision)"
+                )

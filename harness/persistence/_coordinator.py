@@ -21,10 +21,11 @@ from harness.errors import (
     SessionFormatUnsupportedError,
     SessionLiveError,
     SessionLockedError,
+    SessionLogExistsError,
     SessionNotLiveError,
 )
 from harness.persistence._backend import Backend, StoredLog, WriterLease
-from harness.persistence._service import ServiceMixin, refuse_legacy
+from harness.persistence._service import ServiceMixin, _canonical, refuse_legacy
 from harness.persistence._writer import (
     Leftover,
     SessionWriter,
@@ -167,13 +168,63 @@ class Persistence(ServiceMixin):
             sid = handle.id
             box: list[SessionWriter] = []
 
-            async def wait_retired() -> None:
+            async def before_first_write() -> None:
                 await self._wait_retired(sid, box[0])
+                await self._adopt_stored_prefix(box[0])
 
-            writer = self._new_writer(session, materialized=False, cursor=0, lease=None, before_first_write=wait_retired)
+            writer = self._new_writer(
+                session, materialized=False, cursor=0, lease=None, before_first_write=before_first_write
+            )
             box.append(writer)
         self._writers[handle.id] = writer
         return writer
+
+    async def _adopt_stored_prefix(self, writer: SessionWriter) -> None:
+        """Reference §2.4 case 3 (HMR adoption): a new live session whose id is already
+        stored (and not tracked here) continues that log if the stored events are a prefix
+        of its own: a torn tail is cut (no closers: the live turn stays open), the writer
+        takes the lock and writes only the rest. Otherwise its first write fails with the
+        reference's id-collision message (a log under another cwd keeps the first write's
+        ``SessionIdInUseError``). Runs under the writer's lock, before its first
+        batch. Cancellation: the storage work runs on a worker thread and is not abandoned;
+        what it took (the lock) is the writer's either way."""
+        events = writer.session.events  # an immutable snapshot, read on the worker thread
+        cwd = writer.session.header.cwd
+
+        def work() -> tuple[int, WriterLease] | None:
+            sid = writer.id
+            if self.backend.revision(sid) is None:
+                return None  # nothing stored: the usual first write
+            stored = self.backend.load(sid)
+            self._refuse_unknown(sid, stored.records, stored)
+            if stored.header.get("cwd") != cwd:
+                return None  # another project's session: the first write refuses the id
+            n = len(stored.records)
+            if len(events) < n or any(
+                _canonical(event_to_record(events[i])) != _canonical(stored.records[i]) for i in range(n)
+            ):
+                raise SessionLogExistsError(
+                    f'session "{sid}" already has a persisted log on disk that does not match this live '
+                    "session (id collision)",
+                    session_id=sid,
+                )
+            lease = self.backend.acquire_writer(stored.header)
+            try:
+                if stored.truncate_to is not None:
+                    self.backend.commit_repair(sid, stored.truncate_to, [], lease=lease)
+            except BaseException:
+                lease.release()
+                raise
+            return n, lease
+
+        adopted = await trio.to_thread.run_sync(work)
+        if adopted is None:
+            return
+        n, lease = adopted
+        writer.lease = lease
+        writer.materialized = True
+        writer.pending = [r for r in writer.pending if r["seq"] >= n]
+        writer.durable = max(writer.durable, n)
 
     def _new_writer(self, session: Session, **kwargs: Any) -> SessionWriter:
         return SessionWriter(backend=self.backend, session=session, nursery=self._nursery, delay=self._delay, **kwargs)

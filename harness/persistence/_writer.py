@@ -220,7 +220,17 @@ class SessionWriter:
             if not self.pending:
                 return
             if self._before_first_write is not None:
-                await self._before_first_write()
+                try:
+                    await self._before_first_write()
+                except Exception as exc:
+                    # E.g. the id is stored and the live log does not continue it: a
+                    # typed flush failure like any refused write; retried by the next.
+                    self.failure = exc
+                    raise FlushError(
+                        f'{self.backend.name}: writing session "{self.id}" failed '
+                        f"({len(self.pending)} event(s) retained): {exc}",
+                        session_id=self.id,
+                    ) from exc
                 self._before_first_write = None
             batch = list(self.pending)
             try:
