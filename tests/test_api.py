@@ -11,6 +11,7 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 
 PUBLIC = {
+    "harness": {"HarnessError", "Runtime", "RuntimeConfigError", "errors", "open_runtime"},
     "actors": {"Actor", "ActorRef", "ActorRuntime", "ActorError", "ActorStoppedError", "ActorCrashedError", "LifetimeClosedError", "Lifetime", "Owner", "Rejected", "ReplyOverdueError", "Supervisor", "bind_all", "run_abandonable", "run_bounded"},
     "harness.runtime": {"open_store", "Store", "StoreActor", "SessionActor", "SessionHandle", "PreparedSession", "Listeners", "check_fork_boundary"},
     "harness.persistence": {"Backend", "CheckpointPolicy", "JsonlBackend", "OsFiles", "Persistence", "SessionInspection", "SessionPreparation", "SqliteBackend", "StoredLog", "WriterLease", "build_session", "encode_segment", "header_record", "migrate_legacy_sqlite", "open_persistence", "project_key"},

@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any, final
 
+import attrs
 import trio
 
 from actors import Lifetime, LifetimeClosedError, Owner, bind_all, run_abandonable, run_bounded
@@ -35,6 +36,16 @@ class AgentLoopError(HarnessError):
 
 class AgentAlreadyRegisteredError(AgentLoopError):
     code = "AGENT_ALREADY_REGISTERED"
+
+
+@attrs.frozen
+class AgentOptions:
+    """Per-agent settings resolved for :meth:`AgentLoop.create` / :meth:`AgentLoop.resume`."""
+
+    provider: ModelProvider
+    tools: ToolSet
+    system: str | None
+    max_tokens: int | None
 
 
 class AgentSetupAbortedError(LifetimeClosedError):
@@ -163,7 +174,7 @@ class AgentLoop:
         store: Store,
         nursery: trio.Nursery,
         *,
-        provider: ModelProvider,
+        provider: ModelProvider | None,
         tools: ToolSet | None,
         persistence: Persistence | None,
         checkpoint: bool,
@@ -171,6 +182,7 @@ class AgentLoop:
         system: str | None,
         dispose_grace: float = 30.0,
         compaction: AgentCompaction | None = None,
+        max_tokens: int | None = None,
     ) -> None:
         self.store = store
         self.dispose_grace = dispose_grace
@@ -179,6 +191,7 @@ class AgentLoop:
         self.persistence = persistence
         self.checkpoint = CheckpointPolicy(store) if checkpoint else None
         self.system = system
+        self.max_tokens = max_tokens
         self.compaction = compaction
         # Slash commands for this loop's agents; /compact when compaction is configured.
         self.commands = Commands()
@@ -216,7 +229,39 @@ class AgentLoop:
 
     # -- create / resume --------------------------------------------------------------
 
-    async def resume(self, session_id: str, *, owner: Owner, setup: Setup | None = None) -> AgentHandle:
+    def _options(
+        self,
+        provider: ModelProvider | None,
+        tools: ToolSet | None,
+        system: str | None,
+        max_tokens: int | None,
+    ) -> AgentOptions:
+        """One agent's settings: each one given overrides the loop's default."""
+        chosen = provider if provider is not None else self.provider
+        if chosen is None:
+            raise AgentLoopError(
+                "no model provider: pass provider= to create()/resume() or to the loop"
+            )
+        if max_tokens is not None and (type(max_tokens) is not int or max_tokens <= 0):
+            raise ValueError("agent max_tokens must be a positive integer")
+        return AgentOptions(
+            provider=chosen,
+            tools=tools if tools is not None else self.tools,
+            system=system if system is not None else self.system,
+            max_tokens=max_tokens if max_tokens is not None else self.max_tokens,
+        )
+
+    async def resume(
+        self,
+        session_id: str,
+        *,
+        owner: Owner,
+        setup: Setup | None = None,
+        provider: ModelProvider | None = None,
+        tools: ToolSet | None = None,
+        system: str | None = None,
+        max_tokens: int | None = None,
+    ) -> AgentHandle:
         """Load a persisted session into a new live agent (ownership transfer, no copy).
 
         Publication order: enter session, enter agent, announce session, announce
@@ -224,23 +269,41 @@ class AgentLoop:
         at any step unwinds the completed steps in reverse and leaves the store as it
         was. ``setup`` sees the restored session (stored events, repair closers,
         end-seed) before anything is published, under the same cancellation.
+
+        ``provider``, ``tools``, ``system`` and ``max_tokens`` configure this agent,
+        each overriding the loop's default (``None`` inherits it). None of them is
+        stored in the session: a resume names them again or inherits the loop's.
+        :class:`AgentLoopError` when neither the call nor the loop has a provider.
         """
         persistence = self.persistence
         if persistence is None:
             raise AgentLoopError("cannot resume: session persistence is not configured")
-        return await self._open(session_id, owner, setup, "resume", lambda: persistence.prepare(session_id))
+        options = self._options(provider, tools, system, max_tokens)
+        return await self._open(session_id, owner, setup, "resume", lambda: persistence.prepare(session_id), options)
 
     async def create(
-        self, session_id: str | None = None, *, owner: Owner, setup: Setup | None = None, **meta: Any
+        self,
+        session_id: str | None = None,
+        *,
+        owner: Owner,
+        setup: Setup | None = None,
+        provider: ModelProvider | None = None,
+        tools: ToolSet | None = None,
+        system: str | None = None,
+        max_tokens: int | None = None,
+        **meta: Any,
     ) -> AgentHandle:
         """Create a fresh agent through the same prepare and publish path (source
-        ``startup``). Same cancellation contract as :meth:`resume`."""
+        ``startup``). Same cancellation contract and per-agent ``provider``,
+        ``tools``, ``system``, ``max_tokens`` overrides as :meth:`resume`; the other
+        keywords are session metadata (``cwd=...``)."""
+        options = self._options(provider, tools, system, max_tokens)
 
         async def prepare() -> SessionPreparation | Any:
             prepared = await self.store.prepare(session_id, **meta)
             return _FreshPreparation(prepared.session)
 
-        return await self._open(session_id or "<new>", owner, setup, "startup", prepare)
+        return await self._open(session_id or "<new>", owner, setup, "startup", prepare, options)
 
     async def _open(
         self,
@@ -249,6 +312,7 @@ class AgentLoop:
         setup: Setup | None,
         source: str,
         prepare: Callable[[], Awaitable[Any]],
+        options: AgentOptions,
     ) -> AgentHandle:
         lifetimes = [owner, self.teardown]
         await self.faults.point("open.start")
@@ -286,7 +350,7 @@ class AgentLoop:
                 if setup is not None:
                     await setup(prep.session)
                     await self.faults.point("open.setup")
-                handle = await self._publish(prep, owner, source)
+                handle = await self._publish(prep, owner, source, options)
             if scope.cancelled_caught:
                 raise self._aborted(name, owner, None)
             return handle
@@ -315,7 +379,7 @@ class AgentLoop:
             message = "agent loop is not active"
         return AgentSetupAbortedError(first.name, first.reason, message)
 
-    async def _publish(self, prep: Any, owner: Owner, source: str) -> AgentHandle:
+    async def _publish(self, prep: Any, owner: Owner, source: str, options: AgentOptions) -> AgentHandle:
         store = self.store
         session = prep.session
         entered: SessionHandle | None = None
@@ -328,7 +392,13 @@ class AgentLoop:
             if session.id in self._agents:  # 2. enter agent
                 raise AgentAlreadyRegisteredError(f'agent "{session.id}" is already registered', session_id=session.id)
             agent = Agent(
-                entered, self.provider, self.tools, system=self.system, checkpoint=self.checkpoint, nursery=self._nursery
+                entered,
+                options.provider,
+                options.tools,
+                system=options.system,
+                max_tokens=options.max_tokens,
+                checkpoint=self.checkpoint,
+                nursery=self._nursery,
             )
             if self.compaction is not None:
                 self.compaction.install(agent)
@@ -410,13 +480,14 @@ class _FreshPreparation:
 async def open_agent_loop(
     store: Store,
     *,
-    provider: ModelProvider,
+    provider: ModelProvider | None = None,
     tools: ToolSet | None = None,
     persistence: Persistence | None = None,
     checkpoint: bool = True,
     faults: FaultPoints | None = None,
     system: str | None = None,
     compaction: AgentCompaction | None = None,
+    max_tokens: int | None = None,
 ) -> AsyncIterator[AgentLoop]:
     """Run an agent loop for the duration of the block.
 
@@ -429,8 +500,14 @@ async def open_agent_loop(
     ``/compact`` in ``loop.commands``; on exit the commands are closed after the agents
     (running handlers settle first).
 
+    ``provider``, ``tools``, ``system`` and ``max_tokens`` are every agent's
+    defaults; :meth:`AgentLoop.create` and :meth:`AgentLoop.resume` override them per
+    agent. ``provider`` may be ``None`` when every create/resume passes one.
+
     Cancellation of the block cancels the loop's tasks; disposal still runs shielded.
     """
+    if max_tokens is not None and (type(max_tokens) is not int or max_tokens <= 0):
+        raise ValueError("agent max_tokens must be a positive integer")
     async with trio.open_nursery() as nursery:
         loop = AgentLoop(
             store,
@@ -442,6 +519,7 @@ async def open_agent_loop(
             faults=faults,
             system=system,
             compaction=compaction,
+            max_tokens=max_tokens,
         )
         try:
             yield loop
