@@ -34,7 +34,7 @@ def test_exported_surface(module: str) -> None:
         assert hasattr(mod, name), name
 
 
-@pytest.mark.parametrize("module", ["harness.session", "harness.agent", "harness.errors", "harness.providers", "harness.compaction"])
+@pytest.mark.parametrize("module", ["harness.session", "harness.agent", "harness.errors", "harness.providers", "harness.compaction", "harness.testing"])
 def test_every_exported_name_exists(module: str) -> None:
     mod = importlib.import_module(module)
     for name in mod.__all__:

@@ -83,8 +83,8 @@ async def test_reload_restores_the_same_log_and_surface(tmp_path: Path, kind: st
         assert loaded.header.cwd == "/proj" and loaded.header.delegation_depth == 1
 
 
-async def test_failed_batches_are_kept_in_order_and_retried(tmp_path: Path) -> None:
-    files = FailingFiles()
+async def test_failed_batches_are_kept_in_order_and_retried(tmp_path: Path, failing_files: FailingFiles) -> None:
+    files = failing_files  # the harness.testing fixture: a fresh FailingFiles()
     backend = JsonlBackend(tmp_path, files=files)
     async with open_store() as store, open_persistence(store, backend):
         s = await store.create("f")
@@ -107,8 +107,9 @@ async def test_failed_batches_are_kept_in_order_and_retried(tmp_path: Path) -> N
         assert files.injected == 2
 
 
-async def test_failed_first_write_leaves_nothing_on_disk(tmp_path: Path) -> None:
-    files = FailingFiles(fail_fsyncs=1)
+async def test_failed_first_write_leaves_nothing_on_disk(tmp_path: Path, failing_files: FailingFiles) -> None:
+    files = failing_files
+    files.fail_fsyncs = 1
     backend = JsonlBackend(tmp_path, files=files)
     async with open_store() as store, open_persistence(store, backend):
         s = await store.create("g")
