@@ -25,7 +25,7 @@ from harness.errors import (
     SessionNotLiveError,
 )
 from harness.persistence._backend import Backend, StoredLog, WriterLease
-from harness.persistence._service import ServiceMixin, _canonical, refuse_legacy
+from harness.persistence._service import ServiceMixin, _canonical, refuse_legacy, reproduces
 from harness.persistence._writer import (
     Leftover,
     SessionWriter,
@@ -200,9 +200,7 @@ class Persistence(ServiceMixin):
             if stored.header.get("cwd") != cwd:
                 return None  # another project's session: the first write refuses the id
             n = len(stored.records)
-            if len(events) < n or any(
-                _canonical(event_to_record(events[i])) != _canonical(stored.records[i]) for i in range(n)
-            ):
+            if not reproduces(events, [_canonical(r) for r in stored.records]):
                 raise SessionLogExistsError(
                     f'session "{sid}" already has a persisted log on disk that does not match this live '
                     "session (id collision)",

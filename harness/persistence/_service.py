@@ -127,11 +127,8 @@ class ServiceMixin:
                 f"(persisted: {stored_cwd}, live: {live_cwd}) (id collision)",
                 session_id=session_id,
             )
-        events = session.events
         n = state.cursor
-        if len(events) < n or any(
-            _canonical(event_to_record(events[i])) != state.lines[i] for i in range(n)
-        ):
+        if not reproduces(session.events, state.lines):
             raise SessionLogExistsError(
                 f'session "{session_id}" is already persisted with {n} event(s) that do not match this live '
                 "session (id collision)",
@@ -429,6 +426,15 @@ def _canonical(record: object) -> bytes:
     """A record's JSON with sorted keys: the claim check compares content, not the
     key order a caller happened to use."""
     return orjson.dumps(record, option=orjson.OPT_SORT_KEYS)
+
+
+def reproduces(events: Sequence[Any], stored_lines: Sequence[bytes]) -> bool:
+    """Whether ``events`` begin with the stored records ``stored_lines`` (canonical
+    JSON, :func:`_canonical`): the live log continues the stored one."""
+    n = len(stored_lines)
+    return len(events) >= n and all(
+        _canonical(event_to_record(events[i])) == stored_lines[i] for i in range(n)
+    )
 
 
 def freeze_record(value: object) -> Any:

@@ -225,12 +225,7 @@ class SessionWriter:
                 except Exception as exc:
                     # E.g. the id is stored and the live log does not continue it: a
                     # typed flush failure like any refused write; retried by the next.
-                    self.failure = exc
-                    raise FlushError(
-                        f'{self.backend.name}: writing session "{self.id}" failed '
-                        f"({len(self.pending)} event(s) retained): {exc}",
-                        session_id=self.id,
-                    ) from exc
+                    raise self._failed(exc) from exc
                 self._before_first_write = None
             batch = list(self.pending)
             try:
@@ -252,15 +247,18 @@ class SessionWriter:
             except Exception as exc:
                 # Any failure (storage, encoding, a lost lease, a bug) is a typed flush
                 # failure with the batch retained, never a crash of the caller's task.
-                self.failure = exc
-                raise FlushError(
-                    f'{self.backend.name}: writing session "{self.id}" failed '
-                    f"({len(self.pending)} event(s) retained): {exc}",
-                    session_id=self.id,
-                ) from exc
+                raise self._failed(exc) from exc
             del self.pending[: len(batch)]
             self.durable += len(batch)
             self.failure = None
+
+    def _failed(self, exc: Exception) -> FlushError:
+        """Remember ``exc`` and describe it as the flush failure (the batch is kept)."""
+        self.failure = exc
+        return FlushError(
+            f'{self.backend.name}: writing session "{self.id}" failed ({len(self.pending)} event(s) retained): {exc}',
+            session_id=self.id,
+        )
 
     def _thread_write(self, batch: list[dict[str, Any]]) -> None:
         """Worker thread: write the batch; if the Trio side gave up waiting and retired
