@@ -2,7 +2,7 @@
 """Developer entry point that needs nothing but Python 3.11+ and pip.
 
     python3 dev.py demo     # create .venv if needed, then run `harness demo`
-    python3 dev.py test     # create .venv if needed, then ruff, mypy --strict, pytest, harness chaos
+    python3 dev.py test     # create .venv if needed, then ruff, mypy --strict, pytest, mkdocs, harness chaos, harness fuzz
     python3 dev.py bench    # `harness bench` with any extra arguments
 
 The virtual environment lives in `.venv/` next to this file and is rebuilt when
@@ -33,7 +33,7 @@ def _ensure_venv() -> None:
         print(f"dev.py: creating virtual environment in {VENV}", flush=True)
         venv.EnvBuilder(with_pip=True).create(VENV)
     _run([str(PY), "-m", "pip", "install", "--quiet", "--upgrade", "pip"])
-    _run([str(PY), "-m", "pip", "install", "--quiet", "-e", f"{ROOT}[test,lint]"])
+    _run([str(PY), "-m", "pip", "install", "--quiet", "-e", f"{ROOT}[test,lint,docs]"])
     STAMP.write_text(digest)
 
 
@@ -54,13 +54,20 @@ def main(argv: list[str]) -> None:
     elif command == "bench":
         _run([str(BIN / "harness"), "bench", *rest])
     else:
-        _run([str(BIN / "ruff"), "check", "actors", "harness", "tests"])
+        _run([str(BIN / "ruff"), "check", "actors", "harness", "tests", "docs"])
         _run([str(PY), "-m", "mypy"])
         _run([str(PY), "-m", "pytest", "-q", *rest])
+        # The docs site (mkdocs.yml): broken links and missing references fail the build.
+        os.environ.setdefault("NO_MKDOCS_2_WARNING", "1")  # Material's end-of-life banner
+        _run([str(BIN / "mkdocs"), "build", "--strict", "--quiet", "--site-dir", str(ROOT / "site")])
         # A bounded fault-exploration campaign over every built-in scenario on both
         # backends (docs/faults.md); it prints the steps explored per scenario and
         # canceller, and fails on any violation.
         _run([str(BIN / "harness"), "chaos", "--budget", "ci", "--jobs", "2"])
+        # Issue 16: the fuzz cases (marker `fuzz`, deselected from the pytest run above
+        # by pyproject's addopts) on the CI budget, then the coverage-guided readers; it
+        # prints the cases explored per entry point and fails on any crash.
+        _run([str(BIN / "harness"), "fuzz", "--budget", "ci"])
 
 
 if __name__ == "__main__":

@@ -5,6 +5,8 @@
 * :class:`ActorRuntime` — the nursery that owns actors and stops them in order.
 * :class:`Lifetime`, :class:`Owner`, :func:`run_abandonable` — owner / caller / teardown
   cancellation with deterministic disposal of abandoned results.
+* :func:`open_guard` — services that stop in order even when an enclosing scope is
+  cancelled (the body is cancelled, the services are not).
 """
 
 from actors._actor import Actor, ActorRef
@@ -17,6 +19,7 @@ from actors._errors import (
     Rejected,
     ReplyOverdueError,
 )
+from actors._guard import Guard, open_guard
 from actors._lifetimes import Lifetime, Owner, bind_all, run_abandonable
 from actors._runtime import ActorRuntime, Supervisor
 
@@ -27,6 +30,7 @@ __all__ = [
     "ActorRef",
     "ActorRuntime",
     "ActorStoppedError",
+    "Guard",
     "Lifetime",
     "LifetimeClosedError",
     "Owner",
@@ -34,6 +38,7 @@ __all__ = [
     "ReplyOverdueError",
     "Supervisor",
     "bind_all",
+    "open_guard",
     "run_abandonable",
     "run_bounded",
 ]

@@ -118,6 +118,16 @@ class ActorRef(Generic[M]):
         """False once the actor stopped accepting messages (stopped or crashed)."""
         return self._cell.crash is None and not self._cell.closing
 
+    @property
+    def idle(self) -> bool:
+        """True when the actor is alive and parked waiting for its next message with
+        none queued: every message sent before this moment has been handled (a
+        barrier need not make a round trip). ``False`` is always a safe answer."""
+        stats = self._send.statistics()
+        # A message handed to the waiting actor leaves it off the waiting list at
+        # once, and one being handled means the actor is not waiting: either way not idle.
+        return stats.current_buffer_used == 0 and stats.tasks_waiting_receive > 0 and self.alive
+
     async def call(self, message: M) -> Any:
         """Send ``message`` and wait for the handler's result (or its exception).
 

@@ -67,49 +67,141 @@ class Lifetime:
             self._scopes.discard(scope)
 
 
+def _lone(group: BaseExceptionGroup[BaseException], body: BaseException) -> bool:
+    """Whether ``group`` holds ``body`` and, besides it, only ``Cancelled``."""
+    seen = False
+    pending = [group]
+    while pending:
+        for exc in pending.pop().exceptions:
+            if exc is body:
+                seen = True
+            elif isinstance(exc, BaseExceptionGroup):
+                pending.append(exc)
+            elif not isinstance(exc, trio.Cancelled):
+                return False
+    return seen
+
+
 class Owner(Lifetime):
-    """A lifetime that owns tasks. ``async with Owner(name) as owner:``.
+    """A lifetime that owns tasks and cleanups. ``async with Owner(name) as owner:``.
 
     ``owner.start_soon`` runs a task owned by it, in a nursery of its own: closing
     the owner cancels those tasks, never the body of the ``async with`` that opened
-    it. ``aclose(reason)`` closes the lifetime (cancelling bound waits), cancels the
-    owned tasks and waits until they have all ended; leaving the ``async with``
-    block does the same.
+    it. ``owner.defer(cleanup)`` registers an async cleanup (e.g. detaching a
+    resource it owns) that runs when the owner closes. ``aclose(reason)`` closes the
+    lifetime (cancelling bound waits), cancels the owned tasks and waits until they
+    and every cleanup have ended; leaving the ``async with`` block does the same.
+
+    ``parent``: an owner opened with a parent is closed (and waited for) by its
+    parent's close, as one of the parent's cleanups; :meth:`descends_from` follows
+    the chain (scope routing uses it).
+
+    An exception raised by the body leaves the ``async with`` as it was raised, not
+    wrapped in an exception group (only a failure of an owned task makes a group), so
+    ``except SessionOwnerClosedError:`` around the block catches what its body raised.
     """
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, *, parent: Owner | None = None) -> None:
         super().__init__(name)
+        self.parent = parent
         self._tasks: trio.Nursery | None = None
+        self._host_task: trio.lowlevel.Task | None = None
         self._ended = trio.Event()
         self._cm: Any = None
+        # Insertion-ordered, O(1) removal: popitem() yields the newest cleanup first.
+        self._cleanups: dict[int, tuple[str, Callable[[], Awaitable[object]]]] = {}
+        self._cleanup_ids = itertools.count()
+        self._leave_parent: Callable[[], None] | None = None
+
+    @property
+    def is_open(self) -> bool:
+        """Entered and not closed: it can own new tasks and cleanups."""
+        return self._tasks is not None and not self.closed
+
+    def descends_from(self, other: Lifetime) -> bool:
+        """Whether ``other`` is this owner or one of its parents."""
+        owner: Owner | None = self
+        while owner is not None:
+            if owner is other:
+                return True
+            owner = owner.parent
+        return False
 
     async def __aenter__(self) -> Owner:
+        parent = self.parent
+        if parent is not None:
+            # Refused (LifetimeClosedError) when the parent is closed or not open.
+            self._leave_parent = parent.defer(
+                lambda: self.aclose(parent.reason), name=f"child owner {self.name!r}"
+            )
         self._cm = trio.open_nursery()
         outer: trio.Nursery = await self._cm.__aenter__()
         try:
             self._tasks = await outer.start(self._host)
         except BaseException:
+            self._drop_parent()
             await self._cm.__aexit__(*sys.exc_info())
             raise
         return self
 
     async def _host(self, task_status: trio.TaskStatus[trio.Nursery] = trio.TASK_STATUS_IGNORED) -> None:
+        """The owner's own task: holds the nursery of its tasks and, once the owner is
+        closed or cancelled from outside, runs the cleanups (shielded) while the tasks
+        are cancelled. Ends when both are done (``_ended``)."""
+        self._host_task = trio.lowlevel.current_task()
         try:
             async with trio.open_nursery() as tasks:
                 task_status.started(tasks)
-                await trio.sleep_forever()
+                try:
+                    await trio.sleep_forever()
+                finally:
+                    # Closed, or the scope around the owner was cancelled: either way
+                    # the owner ends here, and what it owns is released completely.
+                    self.close("owner cancelled")
+                    with trio.CancelScope(shield=True):
+                        await self._run_cleanups()
         finally:
             self._ended.set()
 
+    async def _run_cleanups(self) -> None:
+        """Newest first, one at a time; the caller shields it. A cleanup deferred while
+        they run is refused (the owner is closed), so the loop ends."""
+        while self._cleanups:
+            _, (name, cleanup) = self._cleanups.popitem()
+            try:
+                await cleanup()
+            except Exception:
+                log.exception("owner %r: cleanup %s failed", self.name, name)
+
     async def __aexit__(self, *exc: Any) -> bool | None:
         self.close("owner exited")
-        result: bool | None = await self._cm.__aexit__(*exc)
+        body: BaseException | None = exc[1] if len(exc) > 1 else None
+        unwrapped: BaseException | None = None
+        try:
+            result: bool | None = await self._cm.__aexit__(*exc)
+        except BaseExceptionGroup as group:
+            # The owner's nursery spans the body only to host the owner's own task: an
+            # exception of the body comes out as it was raised (a typed error stays
+            # catchable by its type), unless an owned task failed too.
+            if body is None or not _lone(group, body):
+                raise
+            unwrapped = body
+        finally:
+            self._drop_parent()
+        if unwrapped is not None:
+            raise unwrapped
         return result
+
+    def _drop_parent(self) -> None:
+        if self._leave_parent is not None:
+            self._leave_parent()
+            self._leave_parent = None
 
     def close(self, reason: object) -> None:
         """Close the lifetime (cancelling bound waits) and cancel the owned tasks, at
-        once and without waiting (synchronous, idempotent: the first reason wins).
-        :meth:`aclose` also waits for the tasks to end."""
+        once and without waiting (synchronous, idempotent: the first reason wins);
+        the cleanups start right after, in the owner's own task. :meth:`aclose` also
+        waits for the tasks and the cleanups to end."""
         super().close(reason)
         if self._tasks is not None:
             self._tasks.cancel_scope.cancel()
@@ -124,18 +216,41 @@ class Owner(Lifetime):
             raise LifetimeClosedError(self.name, self.reason)
         self._tasks.start_soon(fn, *args, name=name)
 
-    async def aclose(self, reason: object = "owner closed") -> None:
-        """Close, cancel the owned tasks, and wait until they have ended (idempotent).
+    def defer(self, cleanup: Callable[[], Awaitable[object]], *, name: str = "cleanup") -> Callable[[], None]:
+        """Run ``await cleanup()`` when this owner closes; return an idempotent remover
+        (call it when what the cleanup releases was released another way).
 
-        Called from inside one of the owner's own tasks it does not wait (that task
-        is itself being cancelled; waiting for it would never end). Cancelling the
-        caller abandons the wait only: the owned tasks are cancelled regardless.
+        Cleanups run one at a time, newest first, shielded, in the owner's own task,
+        while its owned tasks are being cancelled; :meth:`aclose` and the end of the
+        ``async with`` wait for all of them. A cleanup's ``Exception`` is logged and
+        the next one runs. Synchronous: raises :class:`LifetimeClosedError` once the
+        owner is closed (or before it was entered), so a resource registered here
+        without an error is certain to be released by the close.
+        """
+        if not self.is_open:
+            raise LifetimeClosedError(self.name, self.reason if self.closed else "not entered")
+        key = next(self._cleanup_ids)
+        self._cleanups[key] = (name, cleanup)
+
+        def remove() -> None:
+            self._cleanups.pop(key, None)
+
+        return remove
+
+    async def aclose(self, reason: object = "owner closed") -> None:
+        """Close, cancel the owned tasks, and wait until they and the cleanups have
+        ended (idempotent).
+
+        Called from inside one of the owner's own tasks or cleanups it does not wait
+        (that task is itself being cancelled, or is the one running the cleanups;
+        waiting for it would never end). Cancelling the caller abandons the wait only:
+        the owned tasks are cancelled and the cleanups run regardless.
         """
         self.close(reason)
         tasks = self._tasks
         if tasks is None:
             return
-        if not _inside(tasks):
+        if trio.lowlevel.current_task() is not self._host_task and not _inside(tasks):
             await self._ended.wait()
 
 

@@ -648,7 +648,7 @@ async def _fork(store: Store, persistence: Any, sid: str, seq: int, child: str) 
     ``seq``. The source is read without its lock (it may be open elsewhere) and entered
     in the store without being announced, so nothing of it is written; the child is
     announced (persistence writes it), flushed and detached."""
-    source = await store.enter(await store.adopt(await persistence.load(sid)))
+    source = await store.enter(await store.adopt(await persistence.read_session(sid)))
     try:
         branch = await store.fork(source, seq, child)
         try:

@@ -19,18 +19,20 @@ from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any, Literal, final
 
 import attrs
+import trio
 
-from actors import Owner
+from actors import Owner, open_guard
 from harness.agent._compaction import AgentCompaction
 from harness.agent._loop import AgentHandle, AgentLoop, Setup, open_agent_loop
 from harness.agent._tools import ToolSet
 from harness.errors import HarnessError
 from harness.persistence import Backend, JsonlBackend, Persistence, SqliteBackend, open_persistence
+from harness.persistence._postgres_schema import is_postgres_url
 from harness.providers import ModelProvider
-from harness.runtime import Store, open_store
+from harness.runtime import SessionHandle, Store, Warnings, open_store
 from harness.session import AppendValidator, RelationalInvariants
 
-BackendName = Literal["jsonl", "sqlite"]
+BackendName = Literal["jsonl", "sqlite", "postgres"]
 _BACKEND_METHODS = ("list_headers", "load", "append", "materialize", "acquire_writer")
 
 
@@ -49,8 +51,9 @@ class Runtime:
     """What :func:`open_runtime` yields: the three layers and a runtime-level owner.
 
     ``persistence`` is ``None`` for an in-memory runtime (nothing is written; resume
-    is refused). ``owner`` owns every agent :meth:`create`/:meth:`resume` publishes
-    without an explicit ``owner=``: it is closed first when the block is left.
+    is refused). ``owner`` owns every agent :meth:`create`/:meth:`resume` publishes,
+    and every child :meth:`fork` makes, without an explicit ``owner=``: it is closed
+    first when the block is left.
     """
 
     store: Store
@@ -72,7 +75,12 @@ class Runtime:
     ) -> AgentHandle:
         """:meth:`AgentLoop.create` with the runtime's owner unless ``owner`` is given;
         ``provider``/``tools``/``system``/``max_tokens`` override the runtime's defaults
-        for this agent; other keywords are session metadata (``cwd=...``)."""
+        for this agent; other keywords are session metadata (``cwd=...``).
+
+        Cancellation: :meth:`AgentLoop.create`'s. A cancellation of the caller
+        propagates as ``Cancelled`` with nothing published (the steps done are
+        unwound); the owner or the runtime closing meanwhile raises
+        :class:`~harness.agent.AgentSetupAbortedError` instead."""
         return await self.loop.create(
             session_id,
             owner=self.owner if owner is None else owner,
@@ -97,7 +105,10 @@ class Runtime:
     ) -> AgentHandle:
         """:meth:`AgentLoop.resume` with the runtime's owner unless ``owner`` is given
         (same per-agent overrides as :meth:`create`). Needs persistence: an in-memory
-        runtime raises :class:`~harness.agent.AgentLoopError`."""
+        runtime raises :class:`~harness.agent.AgentLoopError`.
+
+        Cancellation: as :meth:`create` (``Cancelled`` means nothing was published:
+        the steps done are unwound and the store is left as it was)."""
         return await self.loop.resume(
             session_id,
             owner=self.owner if owner is None else owner,
@@ -108,6 +119,25 @@ class Runtime:
             max_tokens=max_tokens,
         )
 
+    async def fork(
+        self,
+        source: AgentHandle | SessionHandle | str,
+        boundary: int | None = None,
+        child_id: str | None = None,
+        *,
+        owner: Owner | None = None,
+    ) -> SessionHandle:
+        """:meth:`Store.fork <harness.runtime.Store.fork>` of a live session (an agent's,
+        by its handle), the child owned by the runtime's owner unless ``owner`` is
+        given: closing that owner detaches the child (``session/disposed``). A closed
+        owner is refused (:class:`~harness.errors.SessionOwnerClosedError`).
+
+        Cancellation: the store's (``Cancelled`` means no child was created; once the
+        store actor took the request, the child exists and belongs to the owner)."""
+        if isinstance(source, AgentHandle):
+            source = source.session
+        return await self.store.fork(source, boundary, child_id, owner=self.owner if owner is None else owner)
+
     def get(self, agent_id: str) -> AgentHandle | None:
         """The live agent ``agent_id``, or ``None``."""
         return self.loop.get(agent_id)
@@ -116,11 +146,35 @@ class Runtime:
         """The live agents, in publication order."""
         return self.loop.list()
 
+    def session_ids(self) -> tuple[str, ...]:
+        """The ids of the store's live sessions, in enter order (an immutable snapshot,
+        no round trip: :meth:`Store.live_ids <harness.runtime.Store.live_ids>`)."""
+        return self.store.live_ids()
+
+    def session(self, session_id: str) -> SessionHandle | None:
+        """The live session ``session_id``'s handle, or ``None`` (no round trip:
+        :meth:`Store.get_nowait <harness.runtime.Store.get_nowait>`). Read it with
+        :meth:`SessionHandle.snapshot <harness.runtime.SessionHandle.snapshot>`."""
+        return self.store.get_nowait(session_id)
+
+    @property
+    def warnings(self) -> Warnings:
+        """The runtime's warnings channel (``store.warnings``): subscribe to receive
+        contained listener failures and background write failures as
+        :class:`~harness.runtime.WarningReport` values (they are logged as well)."""
+        return self.store.warnings
+
 
 def _backend(root: str | os.PathLike[str] | None, backend: BackendName | Backend | None) -> Backend | None:
+    if backend == "postgres" or (backend is None and is_postgres_url(root)):
+        if not is_postgres_url(root):
+            raise RuntimeConfigError(f'backend "postgres" needs a root "postgresql://…[#schema]" URL, got {root!r}')
+        from harness.persistence import PostgresBackend  # psycopg is optional: imported on use
+
+        return PostgresBackend.from_url(str(root))
     if isinstance(backend, str):
         if backend not in ("jsonl", "sqlite"):
-            raise RuntimeConfigError(f'backend must be "jsonl", "sqlite" or a Backend instance, got {backend!r}')
+            raise RuntimeConfigError(f'backend must be "jsonl", "sqlite", "postgres" or a Backend instance, got {backend!r}')
         if root is None:
             raise RuntimeConfigError(f'backend "{backend}" needs a root (a directory for jsonl, a file for sqlite)')
         return JsonlBackend(root) if backend == "jsonl" else SqliteBackend(root)
@@ -129,12 +183,21 @@ def _backend(root: str | os.PathLike[str] | None, backend: BackendName | Backend
     missing = [m for m in _BACKEND_METHODS if not callable(getattr(backend, m, None))]
     if missing:
         raise RuntimeConfigError(
-            f"backend must be \"jsonl\", \"sqlite\" or a Backend instance, got {backend!r} "
+            f"backend must be \"jsonl\", \"sqlite\", \"postgres\" or a Backend instance, got {backend!r} "
             f"(no {', '.join(missing)})"
         )
     if root is not None:
         raise RuntimeConfigError("give either a root or a Backend instance (it has its own location), not both")
     return backend
+
+
+async def _close_backend(backend: Backend) -> None:
+    """Close a backend built here (a PostgreSQL pool and its threads) on a worker thread.
+    Cancellation: shielded, so a cancelled block still closes its connections."""
+    close = getattr(backend, "close", None)
+    if close is not None:
+        with trio.CancelScope(shield=True):
+            await trio.to_thread.run_sync(close)
 
 
 def _validator(invariants: bool | Callable[[], AppendValidator]) -> Callable[[], AppendValidator] | None:
@@ -145,6 +208,11 @@ def _validator(invariants: bool | Callable[[], AppendValidator]) -> Callable[[],
     if callable(invariants):
         return invariants
     raise RuntimeConfigError(f"invariants must be a bool or a validator factory, got {invariants!r}")
+
+
+def _abort_turns(loop: AgentLoop) -> None:
+    for handle in loop.list():
+        handle.agent.cancel("disposed")
 
 
 @asynccontextmanager
@@ -160,6 +228,7 @@ async def open_runtime(
     invariants: bool | Callable[[], AppendValidator] = True,
     write_delay: float = 0.2,
     owner_name: str = "runtime",
+    shutdown_grace: float = 30.0,
 ) -> AsyncIterator[Runtime]:
     """Open a store, its persistence (unless in memory) and an agent loop, and a
     runtime-level :class:`~actors.Owner`, for the duration of the block.
@@ -170,6 +239,8 @@ async def open_runtime(
       sessions vanish with the block and :meth:`Runtime.resume` is refused;
     * ``open_runtime(root)`` or ``backend="jsonl"`` — a JSONL directory tree at ``root``;
     * ``backend="sqlite"`` — a SQLite database *file* at ``root``;
+    * ``root="postgresql://…[#schema]"`` (``backend`` ``None`` or ``"postgres"``) — a
+      PostgreSQL schema (default ``harness``; needs ``trio-harness[postgres]``);
     * ``backend=<a Backend instance>`` (e.g. ``JsonlBackend(root, compression="zstd")``)
       — used as is; ``root`` must then be ``None``.
 
@@ -186,19 +257,36 @@ async def open_runtime(
     store (every append checked before it commits, every loaded log replayed); pass
     ``False`` to skip, or your own validator factory.
 
-    Teardown (also on error or cancellation), innermost first: the runtime owner
-    closes (its agents are disposed: a running turn is cancelled and logged
-    ``aborted`` with cause ``disposed``), the loop disposes any agent left (those of
-    other owners) and closes its commands, persistence flushes and retires every
-    writer, and the store detaches its sessions and stops. Each step runs shielded,
-    as the layers already do, so a cancelled block still tears down completely.
+    Teardown — after a normal exit, an exception of the body, or a cancellation of
+    the body or of any scope enclosing the block, always the same orderly one,
+    innermost first: the runtime owner closes (its agents are disposed: a running
+    turn is cancelled and logged ``aborted`` with cause ``disposed``), the loop
+    disposes any agent left (those of other owners) and closes its commands,
+    persistence flushes and retires every writer, and the store detaches its
+    sessions and stops. The layers run under a shield (:func:`actors.open_guard`):
+    an enclosing cancellation is relayed to the body — every running turn is first
+    cancelled with cause ``disposed`` — and never reaches the runtime's own actors.
+    The teardown is bounded by ``shutdown_grace`` seconds; past it (logged) what is
+    left is cancelled, and a turn still open is closed by crash repair on its next
+    load. Then the body's exception (unwrapped), else a teardown error (a failed
+    final flush: :class:`~harness.persistence.PersistenceError`), else the enclosing
+    ``Cancelled`` propagates.
     """
     validator = _validator(invariants)
+    if root is not None and not isinstance(root, (str, os.PathLike)):
+        raise RuntimeConfigError(f"root must be a path (a str or an os.PathLike), got {root!r}")
     chosen = _backend(root, backend)
-    async with AsyncExitStack() as stack:
+    if type(shutdown_grace) not in (int, float) or not shutdown_grace > 0:
+        raise RuntimeConfigError(f"shutdown_grace must be a positive number of seconds, got {shutdown_grace!r}")
+    # The guard keeps the layers' actors and tasks out of reach of a scope enclosing
+    # this block: cancelled together with the body, a session actor would be gone
+    # before the body's turn could log its turn/end (the log left with an open turn).
+    async with open_guard(f"runtime {owner_name!r}", grace=shutdown_grace) as guard, AsyncExitStack() as stack:
         store = await stack.enter_async_context(open_store(validator_factory=validator))
         persistence: Persistence | None = None
         if chosen is not None:
+            if is_postgres_url(root):  # built here from a URL: owned, closed after persistence
+                stack.push_async_callback(_close_backend, chosen)
             persistence = await stack.enter_async_context(
                 open_persistence(store, chosen, write_delay=write_delay)
             )
@@ -214,4 +302,8 @@ async def open_runtime(
             )
         )
         owner = await stack.enter_async_context(Owner(owner_name))
-        yield Runtime(store=store, persistence=persistence, loop=loop, owner=owner)
+        # Before the body is cancelled, every running turn is cancelled with the
+        # teardown's cause, so it logs turn/end {aborted, reason: disposed}.
+        guard.on_cancel(lambda: _abort_turns(loop))
+        with guard.body():
+            yield Runtime(store=store, persistence=persistence, loop=loop, owner=owner)

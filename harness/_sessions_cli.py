@@ -83,13 +83,13 @@ def _add_common(p: argparse.ArgumentParser, *, suppress: bool) -> None:
         "--root",
         metavar="PATH",
         default=d(None),
-        help=f"the store: a JSONL root directory or a SQLite file (default: ${ROOT_ENV})",
+        help=f"the store: a JSONL root directory, a SQLite file or a postgresql://…[#schema] URL (default: ${ROOT_ENV})",
     )
     p.add_argument(
         "--backend",
-        choices=("auto", "jsonl", "sqlite"),
+        choices=("auto", "jsonl", "sqlite", "postgres"),
         default=d("auto"),
-        help="force the backend (auto: a directory is JSONL, a file is SQLite)",
+        help="force the backend (auto: a directory is JSONL, a file is SQLite, a postgresql:// URL PostgreSQL)",
     )
     p.add_argument(
         "--compression",
@@ -311,18 +311,34 @@ class Progress:
 class StoreRoot:
     """Which backend reads ``path``: a directory is JSONL, a file is SQLite."""
 
-    def __init__(self, path: Path, kind: str, compression: str) -> None:
+    def __init__(self, path: Path, kind: str, compression: str, url: str | None = None) -> None:
         self.path = path
         self.kind = kind
         self.compression = compression
+        self.url = url  # a PostgreSQL store's URL (``path`` is then unused)
+
+    @property
+    def display(self) -> str:
+        """The store as shown to the user (a URL without its password)."""
+        if self.url is None:
+            return str(self.path)
+        from harness.persistence._postgres_schema import redact_url
+
+        return redact_url(self.url)
 
     @classmethod
     def resolve(cls, args: argparse.Namespace) -> StoreRoot:
         raw = args.root or os.environ.get(ROOT_ENV)
         if not raw:
             raise CliError(f"no store root: pass --root PATH or set {ROOT_ENV}", code="USAGE", exit_code=EXIT_USAGE)
-        path = Path(raw).expanduser()
         forced = args.backend
+        from harness.persistence._postgres_schema import is_postgres_url
+
+        if forced == "postgres" or (forced == "auto" and is_postgres_url(raw)):
+            if not is_postgres_url(raw):
+                raise CliError(f'--backend postgres needs a postgresql:// URL as the root, got "{raw}"', code="USAGE", exit_code=EXIT_USAGE)
+            return cls(Path(), "postgres", "none", url=raw)
+        path = Path(raw).expanduser()
         if not path.exists():
             raise CliError(f'store root "{path}" does not exist', code="STORE_NOT_FOUND", exit_code=EXIT_NOT_FOUND)
         kind = forced if forced != "auto" else ("jsonl" if path.is_dir() else "sqlite")
@@ -344,10 +360,14 @@ class StoreRoot:
 
         if self.kind == "jsonl":
             return JsonlBackend(self.path, compression="zstd" if self.compression == "zstd" else "none")
+        if self.url is not None:
+            from harness.persistence import PostgresBackend
+
+            return PostgresBackend.from_url(self.url, create=False)  # a reading command creates nothing
         return SqliteBackend(self.path)
 
     def describe(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"root": str(self.path), "backend": self.kind}
+        out: dict[str, Any] = {"root": self.display, "backend": self.kind}
         if self.kind == "jsonl":
             out["compression"] = self.compression
         return out
@@ -559,6 +579,12 @@ class View:
 def _check_id(value: str, what: str = "session id") -> str:
     if not value or not value.strip() or any(ord(ch) < 32 for ch in value):
         raise CliError(f"bad {what} {value!r}: an id is a non-empty string without control characters", code="USAGE", exit_code=EXIT_USAGE)
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        # Bytes of the command line that are not UTF-8 arrive as lone surrogates
+        # (surrogateescape); both backends would raise UnicodeEncodeError on them.
+        raise CliError(f"bad {what} {value!r}: not valid UTF-8", code="USAGE", exit_code=EXIT_USAGE) from None
     return value
 
 
@@ -583,7 +609,7 @@ async def load_view(ctx: Ctx, session_id: str) -> View:
             for _ in range(3):
                 before = await trio.to_thread.run_sync(backend.revision, session_id)
                 try:
-                    session = await p.load(session_id)
+                    session = await p.read_session(session_id)
                     restore_error = None
                 except SessionCorruptionError as exc:
                     session, restore_error = None, exc
@@ -928,7 +954,7 @@ async def cmd_list(ctx: Ctx) -> int:
         out.emit({**ctx.root.describe(), "sessions": rows, "unreadable": unreadable})
         return EXIT_OK
     if not rows and not unreadable:
-        out.line(out.c("dim", f"no sessions in {ctx.root.path}"))
+        out.line(out.c("dim", f"no sessions in {ctx.root.display}"))
         return EXIT_OK
     columns = ["ID", "CREATED", "CWD", *(["EVENTS", "STATUS"] if ctx.args.events else []), "LINEAGE"]
     table: list[list[str]] = []
@@ -1523,7 +1549,7 @@ async def cmd_fork(ctx: Ctx) -> int:
                     raise ForkChildExistsError(f'session "{child_id}" already exists', session_id=child_id)
             # The source, loaded without its lock (it may be live elsewhere), is entered
             # in this store but not announced: nothing of it is written.
-            source = await p.load(sid)
+            source = await p.read_session(sid)
             handle = await store.enter(await store.adopt(source))
             try:
                 child = await store.fork(handle, boundary, child_id)

@@ -40,6 +40,13 @@ class SessionError(HarnessError):
     code = "SESSION_INVALID"
 
 
+class SessionIdError(SessionError):
+    """A session id was refused at the door: not a non-empty string, not valid Unicode
+    (a lone surrogate), or too long to name a storage path (see ``docs/limits.md``)."""
+
+    code = "INVALID_SESSION_ID"
+
+
 class NotJsonError(SessionError):
     """A value is not lossless JSON (see :mod:`harness.session.json`)."""
 
@@ -152,6 +159,19 @@ class AsyncListenerError(StoreError):
     (``created``, ``event``, ``disposed`` listeners and pre-commit hooks)."""
 
     code = "ASYNC_LISTENER"
+
+
+class SessionOwnerClosedError(StoreError):
+    """``create`` or ``fork`` named an owner (an :class:`actors.Owner`) that is closed
+    or not open: it can own nothing new. ``owner`` is its name, ``reason`` its close
+    reason (``None`` if it was never opened); nothing was created."""
+
+    code = "OWNER_CLOSED"
+
+    def __init__(self, message: str, *, session_id: str | None = None, owner: str, reason: object) -> None:
+        super().__init__(message, session_id=session_id)
+        self.owner = owner
+        self.reason = reason
 
 
 class SessionArgumentError(StoreError):
@@ -298,6 +318,21 @@ class SqliteSchemaError(StorageIOError):
         self.path = path
         self.application_id = application_id
         self.user_version = user_version
+
+
+class UnsafeStoragePathError(StorageIOError):
+    """A storage path the runtime refuses to use (reference §3, the SQLite path checks):
+    the database's directory is not a real directory owned by the current user and
+    closed to group/world writes, or the database (or its lease file, or a journal
+    sidecar ``-wal``/``-shm``/``-journal``) is a symbolic link, not a regular file, or
+    owned by someone else or open to group/world access. Raised before SQLite opens
+    the file. ``path``: the offending path."""
+
+    code = "STORAGE_PATH_UNSAFE"
+
+    def __init__(self, message: str, *, path: Path) -> None:
+        super().__init__(message)
+        self.path = path
 
 
 class RecordEncodingError(PersistenceError):
@@ -514,6 +549,7 @@ __all__ = [
     "SummaryCancelledError",
     "EventError",
     "FlushError",
+    "FlushTimeoutError",
     "ForkChildExistsError",
     "ForkError",
     "ForkSourceNotFoundError",
@@ -528,8 +564,10 @@ __all__ = [
     "NotJsonError",
     "OpenTurnError",
     "PersistedSessionNotFoundError",
+    "PersistenceArgumentError",
     "PersistenceError",
     "PreparationDisposedError",
+    "RawArtifactsUnsupportedError",
     "RecordEncodingError",
     "ReentrantAppendError",
     "SessionAlreadyAnnouncedError",
@@ -539,13 +577,18 @@ __all__ = [
     "SessionCorruptionError",
     "SessionError",
     "SessionFormatUnsupportedError",
+    "SessionIdError",
     "SessionIdInUseError",
     "SessionLiveError",
     "SessionLockedError",
     "SessionLogExistsError",
     "SessionNotFoundError",
     "SessionNotLiveError",
+    "SessionOwnerClosedError",
+    "SessionTrackedError",
+    "SqliteSchemaError",
     "StorageIOError",
+    "StorageLayoutError",
     "StorageRowError",
     "StoreError",
     "SummaryError",
@@ -557,5 +600,7 @@ __all__ = [
     "TargetPressureConfigError",
     "ToolPairingError",
     "ToolResultPruneConfigError",
+    "UnsafeStoragePathError",
     "WriterWedgedError",
+    "ZstdUnavailableError",
 ]

@@ -22,4 +22,5 @@ try:
     _registered = any(ep.value == "harness.testing" for ep in entry_points(group="pytest11"))
 except Exception:  # pragma: no cover - metadata unavailable
     _registered = False
-pytest_plugins = [] if _registered else ["harness.testing"]
+# tests.pg_cluster: the throwaway PostgreSQL cluster fixtures (pg_cluster, pg_url, pg_schema).
+pytest_plugins = ([] if _registered else ["harness.testing"]) + ["tests.pg_cluster"]

@@ -18,10 +18,17 @@ from harness.persistence import Backend, JsonlBackend, SqliteBackend
 from tests.helpers import rec, user
 
 
-@pytest.fixture(params=["jsonl", "sqlite"])
+@pytest.fixture(params=["jsonl", "sqlite", "postgres"])
 def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]:
     if request.param == "jsonl":
         yield JsonlBackend(tmp_path / "root")
+    elif request.param == "postgres":
+        # tests/pg_cluster.py: skipped, saying why, without the server binaries.
+        from harness.persistence import PostgresBackend
+
+        pg = PostgresBackend(request.getfixturevalue("pg_url"), schema=request.getfixturevalue("pg_schema"))
+        yield pg
+        pg.close()
     else:
         b = SqliteBackend(tmp_path / "sessions.db")
         yield b

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -24,6 +25,7 @@ from harness.faults import (
 )
 from harness.faults._cli import (
     BUDGETS,
+    MODES,
     Campaign,
     plan_campaign,
     run_campaign,
@@ -66,8 +68,9 @@ def test_chaos_table_list_replay_and_usage_errors(capsys: pytest.CaptureFixture[
     assert lines[-1].endswith("s") and " 0 violation(s)" in lines[-1]
 
     code, out, _ = chaos(capsys, "--list")
-    assert code == 0 and len([ln for ln in out.splitlines() if not ln.startswith(" ")]) == len(builtin_scenarios()) == 16
+    assert code == 0 and len([ln for ln in out.splitlines() if not ln.startswith(" ")]) == len(builtin_scenarios()) == 20
     assert "agent-turn/sqlite" in out and "agent-cancel" in out
+    assert "resume/jsonl-zstd" in out and "fork/jsonl-zstd" not in out  # the zstd kind's subset
 
     code, out, _ = chaos(capsys, "--replay", "write-behind/jsonl:seed=0:k=3:eio")
     assert code == 0 and out.startswith("write-behind/jsonl:seed=0:k=3:eio: ")
@@ -123,6 +126,30 @@ def test_kill_campaign_short() -> None:
     assert report.mode == "kill" and report.steps == {"sigkill": 2} and report.ok, report.violations
     with pytest.raises(ValueError):
         replay(select_scenarios(["write-behind/jsonl"])[0], "sigkill/jsonl:seed=0:k=1:sigkill")
+
+
+def test_the_zstd_kind_runs_its_subset_on_zstd_files(tmp_path: Path) -> None:
+    from harness.faults._backends import plain_backend
+
+    scenarios = select_scenarios(["write-behind/jsonl-zstd", "resume"])
+    assert [(s.name, s.modes) for s in scenarios] == [
+        ("write-behind/jsonl-zstd", ("io", "crash")),
+        ("resume/jsonl", ("checkpoints", "io", "crash")),
+        ("resume/sqlite", ("checkpoints", "io", "crash")),
+        ("resume/jsonl-zstd", ("io", "crash")),
+    ]
+    items = plan_campaign(scenarios[:1], modes=MODES, seeds=1, budget=BUDGETS["ci"])
+    assert [(i.scenario, i.mode) for i in items] == [
+        ("write-behind/jsonl-zstd", "io"),
+        ("write-behind/jsonl-zstd", "crash"),
+        ("sigkill/jsonl-zstd", "kill"),
+    ]
+    report = explore_crash(scenarios[0], stride=6)
+    assert report.backend == "jsonl-zstd" and report.attempts > 2 and report.ok, report.violations
+    backend = plain_backend(tmp_path, "jsonl-zstd")
+    assert backend.compression == "zstd" and backend.root == tmp_path / "jsonl-zstd"
+    report = kill_campaign("jsonl-zstd", kills=2, seed=3)
+    assert report.steps == {"sigkill": 2} and report.ok, report.violations
 
 
 def test_io_attempts_inject_their_fault_and_replay() -> None:

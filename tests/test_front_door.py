@@ -191,7 +191,8 @@ async def test_agents_of_another_owner_are_disposed_too(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"backend": "postgres"}, 'backend must be "jsonl", "sqlite"'),
+        ({"backend": "postgres"}, 'backend "postgres" needs a root "postgresql://'),
+        ({"backend": "cassandra"}, 'backend must be "jsonl", "sqlite", "postgres" or a Backend instance, got \'cassandra\''),
         ({"backend": "sqlite"}, "needs a root"),
         ({"backend": 42}, "Backend instance"),
         ({"backend": object()}, "no list_headers"),

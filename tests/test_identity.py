@@ -80,6 +80,6 @@ async def test_a_second_run_reusing_an_id_cannot_shadow_the_first(tmp_path: Path
                 with pytest.raises(FlushError) as info:
                     await s.flush()
                 assert isinstance(info.value.__cause__, SessionIdInUseError)
-                loaded = await p.load("session-1")
+                loaded = await p.read_session("session-1")
                 assert loaded.header.cwd == "/first"
     assert [h["cwd"] for h in JsonlBackend(tmp_path).list_headers()] == ["/first"]

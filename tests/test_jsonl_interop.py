@@ -728,7 +728,7 @@ async def test_torn_tail_load_and_resume_agree(open_backends: Callable[[str], Ba
         stored = backend.load("s")
         async with open_store(clock=clock) as store, open_persistence(store, backend) as p:
             listed = await p.list()
-            cold = await p.load("s")
+            cold = await p.read_session("s")
             prep = await p.prepare("s")
             repaired = prep.repaired
             handle = await p.publish(prep)

@@ -217,6 +217,7 @@ def test_a_v1_database_is_refused_unchanged_and_can_be_copied(tmp_path: Path) ->
     now = int(time.time() * 1000)
     db.execute("INSERT INTO leases VALUES ('s', 'old', 2147483000, ?, ?)", (socket.gethostname(), now))
     db.close()
+    path.chmod(0o600)  # our own databases were owner-only
     before = path.read_bytes()
     with pytest.raises(SqliteSchemaError) as info:
         SqliteBackend(path).load("s")

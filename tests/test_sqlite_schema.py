@@ -229,6 +229,75 @@ def test_scalar_rows_hold_the_reference_encoding(backend: SqliteBackend) -> None
     assert backend.load("s").records == records
 
 
+def mixed_batch(n: int) -> list[dict[str, Any]]:
+    """Every row shape, in runs longer and shorter than a segment: plain scalar events,
+    ``surfaceOp: "append"`` ones, optional fields, a non-append op, large (zstd) data,
+    packed chunk runs and runs of two chunks."""
+    out: list[dict[str, Any]] = []
+    while len(out) < n:
+        i = len(out)
+        k = (i // 7) % 9
+        if k == 0:
+            out.append(rec("user/message", i, user(f"m{i}"), surfaceOp="append"))
+        elif k == 1:
+            out.append(rec("turn/start", i, {"turn": i}))
+        elif k == 2:
+            out.append(rec("tool/result", i, {"i": i}, surfaceOp="append", sourceEventSeqs=[max(0, i - 3), i - 1]))
+        elif k == 3:
+            out.append(rec("future/x", i, None, ignorable=True))
+        elif k == 4:
+            out.append(rec("assistant/chunk", i, {"turn": 1, "step": 1, "chunk": {"type": "text-delta", "index": 0, "text": "ab"}}))
+        elif k == 5:
+            out.append(rec("compaction/replace", i, {"i": i}, surfaceOp={"op": "replace", "start": 0, "end": 0}))
+        elif k == 6:
+            out.append(rec("user/message", i, user("big " * 2000), surfaceOp="append"))
+        elif k == 7 and i % 7 < 2:
+            out.append(rec("assistant/chunk", i, {"turn": 1, "step": 1, "chunk": {"type": "text-delta", "index": 0, "text": "x"}}))
+        else:
+            out.append(rec("feedback/record", i, {"i": i, "s": "é"}))
+    return out
+
+
+def test_segmented_five_parameter_inserts_store_what_eight_parameters_would(backend: SqliteBackend, tmp_path: Path) -> None:
+    """The write path binds the common rows to statements with constant columns, in
+    segments; the table is exactly what one eight-parameter INSERT per row stores."""
+    from harness.persistence._sqlite_rows import INSERT, bind_records
+
+    records = mixed_batch(1500)
+    backend.materialize(H, records[:700])
+    backend.append("s", records[700:])
+    assert backend.load("s").records == records
+    other = SqliteBackend(tmp_path / "wide.db")
+    other.list_headers()
+    other.close()
+    db = sqlite3.connect(tmp_path / "wide.db")
+    db.execute("INSERT INTO sessions (id, version, created_at, incarnation, revision) VALUES ('s', 0, 5, 'i', 0)")
+    db.executemany(INSERT, bind_records("s", records[:700], pack=True))
+    db.executemany(INSERT, bind_records("s", records[700:], pack=True))
+    db.commit()
+    db.close()
+    dump = "SELECT seq, type, time, data, typeof(data), source_event_seqs, typeof(source_event_seqs), surface_op, typeof(surface_op), ignorable, typeof(ignorable) FROM events ORDER BY seq"
+    mine = raw(backend.path, dump)
+    assert mine == raw(tmp_path / "wide.db", dump)
+    kinds = {(r[8], r[9]) for r in mine}
+    assert ("text", None) in kinds and ("null", None) in kinds and ("null", 0) in kinds and ("null", 1) in kinds
+    assert any(r[4] == "blob" for r in mine) and any(r[1] == "text-chunks" for r in mine)
+
+
+def test_a_record_that_cannot_be_stored_late_in_a_big_batch_rolls_it_all_back(backend: SqliteBackend) -> None:
+    backend.materialize(H, [rec("feedback/record", 0, {})])
+    revision = backend.revision("s")
+    batch = [rec("feedback/record", i, {"i": i}) for i in range(1, 3001)]
+    batch[2500] = rec("feedback/record", 2501, {"n": 2**70})  # in a later segment
+    with pytest.raises(RecordEncodingError, match='session "s": event seq 2501 cannot be stored'):
+        backend.append("s", batch)
+    assert raw(backend.path, "SELECT count(*) FROM events") == [(1,)]
+    assert backend.revision("s") == revision
+    batch[2500] = rec("feedback/record", 2501, {"n": 1})
+    backend.append("s", batch)
+    assert len(backend.load("s").records) == 3001
+
+
 def test_packed_rows_hold_the_reference_encoding(backend: SqliteBackend) -> None:
     texts = [chunk(0, "a", time=90), chunk(1, "b", time=92), chunk(2, "c", time=91)]
     tools = [chunk(3 + i, f"{{{i}", "tool-call-delta", name="read") for i in range(3)]
@@ -381,9 +450,12 @@ def test_records_the_schema_cannot_hold_are_refused_up_front(backend: SqliteBack
 
 
 def foreign(path: Path, script: str) -> bytes:
+    """Another program's database, owner-only (as the path checks require: so what
+    refuses it is its identity)."""
     db = sqlite3.connect(path, isolation_level=None)
     db.executescript(script)
     db.close()
+    path.chmod(0o600)
     return path.read_bytes()
 
 
@@ -438,6 +510,7 @@ def test_a_foreign_database_is_refused_unchanged(tmp_path: Path, script: str, me
 def test_a_file_that_is_not_a_database_is_refused_unchanged(tmp_path: Path, content: bytes) -> None:
     path = tmp_path / "notes.db"
     path.write_bytes(content)
+    path.chmod(0o600)
     with pytest.raises(SqliteSchemaError, match="file is not a database"):
         SqliteBackend(path).load("s")
     assert path.read_bytes() == content
@@ -483,6 +556,7 @@ def test_a_reference_written_database_opens_and_stays_reference_valid(tmp_path: 
         ],
     )
     db.close()
+    path.chmod(0o600)  # the reference creates it so (wx, 0600)
     backend = SqliteBackend(path)
     stored = backend.load("ref")
     assert stored.header == {"version": 0, "id": "ref", "createdAt": 1754042400000, "cwd": "/home/u/proj"}  # NULL -> absent

@@ -330,10 +330,19 @@ class Agent:
         except (HarnessError, ActorError) as exc:
             # The session went away under the queued work: it stays in the log.
             log.warning('agent "%s": queued work stopped: %s', self.id, exc)
-        except Exception:
+        except Exception as exc:
             # A bug under a queued turn (a hook's): the turn is closed (INTERNAL_ERROR);
             # it must not take the loop's nursery, and every other agent, down with it.
-            log.exception('agent "%s": queued work stopped by an unexpected error', self.id)
+            self.session.store.warnings.report(
+                log,
+                "listener-failed",
+                "agent/queued-work",
+                f'agent "{self.id}": queued work stopped by an unexpected error: {exc!r}',
+                session_id=self.id,
+                error=exc,
+                level=logging.ERROR,
+                traceback=True,
+            )
         finally:
             self._driver = None
             done.set()
@@ -430,8 +439,16 @@ class Agent:
         for listener in list(self.hooks.status):
             try:
                 listener(self, status)
-            except Exception:
-                log.exception('agent "%s": a status listener failed', self.id)
+            except Exception as exc:
+                self.session.store.warnings.report(
+                    log,
+                    "listener-failed",
+                    "agent/status",
+                    f'agent "{self.id}": a status listener failed: {exc!r}',
+                    session_id=self.id,
+                    error=exc,
+                    level=logging.ERROR,
+                )
 
     async def _claim(self, turn: int, prompt: dict[str, Any] | None, *, first: bool) -> list[dict[str, Any]]:
         """Claim the step's input from the inbox: on the turn's first step the prompt
@@ -593,8 +610,16 @@ class Agent:
         for hook in list(self.hooks.request_error):
             try:
                 decision = await hook(context)
-            except Exception:
-                log.warning('agent "%s": a request-error hook failed; no retry', self.id, exc_info=True)
+            except Exception as exc:
+                self.session.store.warnings.report(
+                    log,
+                    "listener-failed",
+                    "agent/request-error",
+                    f'agent "{self.id}": a request-error hook failed; no retry: {exc!r}',
+                    session_id=self.id,
+                    error=exc,
+                    traceback=True,
+                )
                 decision = None
                 break
             if decision is not None:

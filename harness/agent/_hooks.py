@@ -56,9 +56,19 @@ StatusListener = Callable[["Agent", Status], None]
 
 
 def _remover(items: list[object], item: object) -> Callable[[], None]:
+    """The idempotent remover of one registration: it removes that registration once
+    (a hook registered twice stays once), by identity (never an equal other one)."""
+    removed = False
+
     def remove() -> None:
-        if item in items:
-            items.remove(item)
+        nonlocal removed
+        if removed:
+            return
+        removed = True
+        for i, registered in enumerate(items):
+            if registered is item:
+                del items[i]
+                return
 
     return remove
 
@@ -73,7 +83,10 @@ class AgentHooks:
     * ``request_error``: awaited while the failed step is still open. The first hook
       that returns a decision ends the waterfall; a hook that raises counts as no
       retry (the error is logged). Not called for a cancelled request.
-    * ``status``: synchronous, called when the agent becomes ``running`` or ``idle``.
+    * ``status``: synchronous, called when the agent becomes ``running`` or ``idle``; a
+      listener that raises is contained (logged, and reported to the store's warnings
+      channel as ``listener-failed`` from ``agent/status``). For every agent of a loop
+      at once: ``AgentLoop.on_status``.
     """
 
     def __init__(self) -> None:

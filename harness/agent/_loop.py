@@ -3,6 +3,7 @@ dispose them deterministically (reference §5 with Trio nurseries and lifetimes)
 
 from __future__ import annotations
 
+import functools
 import logging
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -16,18 +17,23 @@ from actors import Lifetime, LifetimeClosedError, Owner, bind_all, run_abandonab
 from harness.agent._agent import Agent
 from harness.agent._commands import Commands, install_compact_command
 from harness.agent._compaction import AgentCompaction
+from harness.agent._hooks import Status
 from harness.agent._tools import ToolSet
-from harness.errors import HarnessError
+from harness.errors import HarnessError, SessionArgumentError, SessionOwnerClosedError
 from harness.faults._points import FaultPoints
 from harness.persistence import CheckpointPolicy, Persistence, SessionPreparation
 from harness.providers import ModelProvider
-from harness.runtime import SessionHandle, Store
-from harness.session import Session
+from harness.runtime import SessionHandle, SessionSnapshot, Store
+from harness.runtime._listeners import refuse_awaitable, subscribe_sync
+from harness.session import MessageList, Session
 
 log = logging.getLogger("harness.agent")
 
 Setup = Callable[[Session], Awaitable[None]]
 AgentListener = Callable[["AgentHandle"], None]
+SessionStartListener = Callable[["AgentHandle", str], None]
+"""``agent/session-start(handle, source)``: ``source`` is ``"startup"`` or ``"resume"``."""
+AgentStatusListener = Callable[["AgentHandle", Status], None]
 
 
 class AgentLoopError(HarnessError):
@@ -87,6 +93,28 @@ class AgentHandle:
     @property
     def disposed(self) -> bool:
         return self._disposed.is_set()
+
+    # -- reads (synchronous, no round trip) ------------------------------------------------
+
+    @property
+    def session_id(self) -> str:
+        """The agent's session id (an agent's id is its session's)."""
+        return self.session.id
+
+    @property
+    def status(self) -> Status:
+        """``running`` during a turn, else ``idle`` (:attr:`Agent.status`)."""
+        return self.agent.status
+
+    @property
+    def messages(self) -> MessageList:
+        """The model-visible messages of the agent's session, an immutable snapshot
+        (``session.snapshot().messages``; no actor round trip)."""
+        return self.session.messages
+
+    def snapshot(self) -> SessionSnapshot:
+        """The agent's session snapshot (:meth:`SessionHandle.snapshot`)."""
+        return self.session.snapshot()
 
     async def run_turn(self, text: str) -> Any:
         """``agent.run_turn`` (see :meth:`Agent.run_turn` for the cancellation contract)."""
@@ -203,7 +231,8 @@ class AgentLoop:
         self._agents: dict[str, AgentHandle] = {}
         self.created_listeners: list[AgentListener] = []
         self.disposed_listeners: list[AgentListener] = []
-        self.session_start_listeners: list[Callable[[AgentHandle, str], None]] = []
+        self.session_start_listeners: list[SessionStartListener] = []
+        self.status_listeners: list[AgentStatusListener] = []
         self.stats = {"prepared": 0, "published": 0, "disposed": 0}
         # Weak, by object: an id() could be reused by the next preparation once this
         # one is freed, which would make it look counted (and leave it undisposed).
@@ -212,10 +241,60 @@ class AgentLoop:
     # -- registry ----------------------------------------------------------------------
 
     def get(self, agent_id: str) -> AgentHandle | None:
-        return self._agents.get(agent_id)
+        """The live agent ``agent_id``, or ``None`` (synchronous)."""
+        # No agent has a non-string id; an unhashable one would raise TypeError here.
+        return self._agents.get(agent_id) if type(agent_id) is str else None
 
     def list(self) -> list[AgentHandle]:
+        """The live agents, in publication order (a fresh list)."""
         return list(self._agents.values())
+
+    # -- listeners (synchronous callables; each registration returns its unsubscribe) --
+
+    def on_created(self, listener: AgentListener) -> Callable[[], None]:
+        """``agent/created(handle)``, step 4 of publication: a raise vetoes it (the
+        create/resume unwinds and raises the listener's error). Returns an idempotent
+        unsubscribe.
+
+        Raises:
+            AsyncListenerError: ``listener`` is async (``ASYNC_LISTENER``).
+        """
+        return subscribe_sync("agent/created", self.created_listeners, listener)
+
+    def on_disposed(self, listener: AgentListener) -> Callable[[], None]:
+        """``agent/disposed(handle)``, when an announced agent is disposed (before its
+        session is detached); a raise is contained (logged and reported to
+        ``store.warnings``). Returns an idempotent unsubscribe."""
+        return subscribe_sync("agent/disposed", self.disposed_listeners, listener)
+
+    def on_session_start(self, listener: SessionStartListener) -> Callable[[], None]:
+        """``agent/session-start(handle, source)``, the last step of publication
+        (``source``: ``"startup"`` or ``"resume"``); a raise vetoes the publication
+        like ``on_created``'s. Returns an idempotent unsubscribe."""
+        return subscribe_sync("agent/session-start", self.session_start_listeners, listener)
+
+    def on_status(self, listener: AgentStatusListener) -> Callable[[], None]:
+        """``agent/status(handle, status)`` for every agent of this loop, when it
+        becomes ``running`` or ``idle``; a raise is contained (logged and reported to
+        ``store.warnings``). Returns an idempotent unsubscribe. (One agent's:
+        ``handle.agent.hooks.on_status``.)"""
+        return subscribe_sync("agent/status", self.status_listeners, listener)
+
+    def _forward_status(self, handle: AgentHandle, _agent: Agent, status: Status) -> None:
+        for listener in list(self.status_listeners):
+            try:
+                result: object = listener(handle, status)
+                if result is not None:
+                    refuse_awaitable("agent/status", listener, result)
+            except Exception as exc:
+                self.store.warnings.report(
+                    log,
+                    "listener-failed",
+                    "agent/status",
+                    f'agent "{handle.id}": agent/status listener threw: {exc!r}',
+                    session_id=handle.id,
+                    error=exc,
+                )
 
     def _unregister(self, handle: AgentHandle) -> None:
         if self._agents.get(handle.id) is handle:
@@ -223,9 +302,18 @@ class AgentLoop:
             if handle.announced:
                 for listener in list(self.disposed_listeners):
                     try:
-                        listener(handle)
+                        result: object = listener(handle)
+                        if result is not None:
+                            refuse_awaitable("agent/disposed", listener, result)
                     except Exception as exc:
-                        log.warning('agent "%s": agent/disposed listener threw: %r', handle.id, exc)
+                        self.store.warnings.report(
+                            log,
+                            "listener-failed",
+                            "agent/disposed",
+                            f'agent "{handle.id}": agent/disposed listener threw: {exc!r}',
+                            session_id=handle.id,
+                            error=exc,
+                        )
 
     # -- create / resume --------------------------------------------------------------
 
@@ -244,10 +332,20 @@ class AgentLoop:
             )
         if max_tokens is not None and (type(max_tokens) is not int or max_tokens <= 0):
             raise ValueError("agent max_tokens must be a positive integer")
+        # Checked here, before anything is prepared: a wrong value would otherwise
+        # surface as an AttributeError in the agent's first turn.
+        if not callable(getattr(chosen, "stream", None)):
+            raise AgentLoopError(f"provider must be a ModelProvider (with a stream method), got {chosen!r}")
+        chosen_tools = tools if tools is not None else self.tools
+        if not isinstance(chosen_tools, ToolSet):
+            raise AgentLoopError(f"tools must be a ToolSet, got {chosen_tools!r}")
+        chosen_system = system if system is not None else self.system
+        if chosen_system is not None and type(chosen_system) is not str:
+            raise AgentLoopError(f"system must be a str, got {chosen_system!r}")
         return AgentOptions(
             provider=chosen,
-            tools=tools if tools is not None else self.tools,
-            system=system if system is not None else self.system,
+            tools=chosen_tools,
+            system=chosen_system,
             max_tokens=max_tokens if max_tokens is not None else self.max_tokens,
         )
 
@@ -314,6 +412,22 @@ class AgentLoop:
         prepare: Callable[[], Awaitable[Any]],
         options: AgentOptions,
     ) -> AgentHandle:
+        what = f'{"create" if source == "startup" else "resume"} agent "{name}"'
+        sid = None if name == "<new>" else name
+        if not isinstance(owner, Owner):
+            # Refused before anything starts, as the store refuses it (not an
+            # AttributeError from deep inside the lifetimes).
+            raise SessionArgumentError(f"{what}: owner must be an actors.Owner, got {owner!r}", session_id=sid)
+        if not owner.is_open and not owner.closed:
+            # Never entered: refused before the preparation (a resume would load and
+            # claim the session first), in the store's words. A closed owner is the
+            # reference's abort (AgentSetupAbortedError), below.
+            raise SessionOwnerClosedError(
+                f'{what}: owner "{owner.name}" is not open (enter it with async with)',
+                session_id=sid,
+                owner=owner.name,
+                reason=None,
+            )
         lifetimes = [owner, self.teardown]
         await self.faults.point("open.start")
 
@@ -356,16 +470,19 @@ class AgentLoop:
             return handle
         except AgentSetupAbortedError:
             raise
-        except LifetimeClosedError as exc:
-            # E.g. owner.start_soon refusing a closed owner in the last publication
-            # step (already unwound): still the first canceller's abort.
+        except (LifetimeClosedError, SessionOwnerClosedError) as exc:
+            # E.g. the store refusing to enter the session in a closed owner's scope,
+            # or owner.start_soon refusing it in the last publication step (already
+            # unwound): still the first canceller's abort.
             raise self._aborted(name, owner, exc) from None
         finally:
             if prep not in self._counted:
                 with trio.CancelScope(shield=True):
                     await dispose_prep(prep)
 
-    def _aborted(self, name: str, owner: Owner, exc: LifetimeClosedError | None) -> LifetimeClosedError:
+    def _aborted(
+        self, name: str, owner: Owner, exc: LifetimeClosedError | SessionOwnerClosedError | None
+    ) -> LifetimeClosedError | SessionOwnerClosedError:
         """The abort of an open, in the reference's wording, for the canceller (owner
         or teardown) that closed first. ``exc`` is returned unchanged when neither
         closed (it came from somewhere else)."""
@@ -387,7 +504,7 @@ class AgentLoop:
         try:
             await self.faults.point("publish.start")
             prepared = await store.adopt(session)
-            entered = await store.enter(prepared)  # 1. enter session
+            entered = await store.enter(prepared, scope=owner)  # 1. enter session (owner's scope)
             await self.faults.point("publish.session-entered")
             if session.id in self._agents:  # 2. enter agent
                 raise AgentAlreadyRegisteredError(f'agent "{session.id}" is already registered', session_id=session.id)
@@ -403,6 +520,7 @@ class AgentLoop:
             if self.compaction is not None:
                 self.compaction.install(agent)
             handle = AgentHandle(self, agent, entered, owner)
+            agent.hooks.on_status(functools.partial(self._forward_status, handle))
             self._agents[session.id] = handle
             await self.faults.point("publish.agent-entered")
             await store.announce(entered)  # 3. announce session (persistence claims it)
@@ -412,10 +530,14 @@ class AgentLoop:
             await self.faults.point("publish.session-announced")
             handle.announced = True  # 4. announce agent
             for listener in list(self.created_listeners):
-                listener(handle)
+                created: object = listener(handle)
+                if created is not None:
+                    refuse_awaitable("agent/created", listener, created)  # a veto
             await self.faults.point("publish.agent-announced")
             for start in list(self.session_start_listeners):  # 5. agent/session-start
-                start(handle, source)
+                started: object = start(handle, source)
+                if started is not None:
+                    refuse_awaitable("agent/session-start", start, started)  # a veto
             await self.faults.point("publish.session-started")
             owner.start_soon(self._watch_owner, handle)
             return handle

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable, Sequence
+from functools import partial
 
 import orjson
 
-from harness.bench import _actors, _compaction, _core, _disk
+from harness.bench import _actors, _backends, _compaction, _core, _disk, _durable
 from harness.bench._runner import Result
 
 Workload = Callable[[int, int], list[Result]]
@@ -21,20 +22,40 @@ WORKLOADS: dict[str, Workload] = {
     "W6": _core.w6,
     "W7": _disk.w7,
     "W8": _compaction.w8,
+    "W9": _durable.w9,
+    "W10": _durable.w10,
+    "W11": _durable.w11,
     "W12": _actors.w12,
+    "M1": _durable.m1,
 }
 """Workload ids; each may produce several variants (e.g. W2 -> W2, W2b)."""
 
-_VARIANT_OF = {"W2b": "W2", "W4-snapshot": "W4", "W1-actor": "W1", "W1-actor-batch": "W1", "W5-write": "W5", "W5-load": "W5", "W4-disk": "W5"}
+_VARIANT_OF = {"W2b": "W2", "W4-snapshot": "W4", "W1-actor": "W1", "W1-actor-batch": "W1", "W5-write": "W5", "W5-load": "W5", "W4-disk": "W5", "W9-sqlite": "W9", "W10-sqlite": "W10"}
 
 
-def run_bench(selection: Sequence[str], *, n: int, runs: int, as_json: bool) -> int:
+BACKEND_CHOICES = ("all", *_durable.BACKENDS)
+"""``--backend``: the backends W9/W10 run on (``all``: JSONL and SQLite)."""
+
+
+def run_bench(selection: Sequence[str], *, n: int, runs: int, as_json: bool, backend: str = "all") -> int:
+    # --backend postgres: W5/W7 on JSONL, SQLite and PostgreSQL side by side (W9/W10 as "all").
+    on_postgres = backend == "postgres"
+    backends = _durable.BACKENDS if on_postgres else _durable.backends_of(backend)
+    workloads: dict[str, Workload] = {
+        **WORKLOADS,
+        "W9": partial(_durable.w9, backends=backends),
+        "W10": partial(_durable.w10, backends=backends),
+    }
+    if on_postgres:
+        kinds = ("sqlite", "postgres")
+        workloads["W5"] = _backends.beside(_disk.w5, _backends.w5_on, kinds)
+        workloads["W7"] = _backends.beside(_disk.w7, _backends.w7_on, kinds)
     wanted: list[str] = []
     keep: set[str] | None = None
     for name in selection:
         base = _VARIANT_OF.get(name, name)
-        if base not in WORKLOADS:
-            print(f"harness bench: unknown workload {name!r}; known: {', '.join(WORKLOADS)}", file=sys.stderr)
+        if base not in workloads:
+            print(f"harness bench: unknown workload {name!r}; known: {', '.join(workloads)}", file=sys.stderr)
             return 2
         if base not in wanted:
             wanted.append(base)
@@ -43,10 +64,10 @@ def run_bench(selection: Sequence[str], *, n: int, runs: int, as_json: bool) -> 
         elif keep is not None:
             keep.add(name)
     if not wanted:
-        wanted = list(WORKLOADS)
+        wanted = list(workloads)
     results: list[Result] = []
     for name in wanted:
-        for r in WORKLOADS[name](n, runs):
+        for r in workloads[name](n, runs):
             if keep is None or r.key in keep or (r.key == name and name in selection):
                 results.append(r)
                 if not as_json:

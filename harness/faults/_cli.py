@@ -224,7 +224,7 @@ def violations_text(campaign: Campaign) -> str:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("scenarios", nargs="*", metavar="SCENARIO", help="scenario names (default: all); NAME selects both backends, NAME/BACKEND one")
+    parser.add_argument("scenarios", nargs="*", metavar="SCENARIO", help="scenario names (default: all); NAME selects every backend it runs on, NAME/BACKEND one (jsonl, sqlite, jsonl-zstd)")
     parser.add_argument("--seeds", type=int, default=1, help="schedule seeds to explore per step (default 1)")
     parser.add_argument("--mode", choices=[*MODES, "all"], default="all", help="what to inject (default: all)")
     parser.add_argument("--budget", choices=sorted(BUDGETS), default="full", help="ci: every step, 8 SIGKILL rounds per backend (CI); full: 50 rounds (default)")
@@ -247,7 +247,8 @@ def main(args: argparse.Namespace, *, out: TextIO | None = None, err: TextIO | N
         for s in builtin_scenarios():
             out.write(f"{s.name:<22} {', '.join(s.modes):<22} cancellers: {', '.join(s.cancellers)}\n    {s.description}\n")
         return 0
-    if args.replay:
+    if args.replay is not None:
+        # `--replay ""` is a bad key, not "no key": it must not start a full campaign.
         return _replay(args.replay, out, err)
     try:
         scenarios = select_scenarios(args.scenarios)

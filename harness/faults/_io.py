@@ -31,7 +31,13 @@ from pathlib import Path
 from typing import Any, Final
 
 from harness.errors import PersistedSessionNotFoundError
-from harness.faults._backends import BACKENDS, check_at_rest, close_backend, plain_backend
+from harness.faults._backends import (
+    BACKENDS,
+    check_at_rest,
+    close_backend,
+    plain_backend,
+    uses_files,
+)
 from harness.faults._explore import (
     Attempt,
     ExploreReport,
@@ -56,6 +62,7 @@ from harness.persistence._files import SimulatedCrash
 IO_FAULTS: Final[dict[str, dict[str, int | str]]] = {
     "jsonl": {"enospc": errno.ENOSPC, "eio": errno.EIO},
     "sqlite": {"full": "full", "ioerr": "ioerr"},
+    "jsonl-zstd": {"enospc": errno.ENOSPC, "eio": errno.EIO},
 }
 CRASH: Final = "crash"
 SIGKILL: Final = "sigkill"
@@ -74,7 +81,7 @@ def _io_labels(kind: str, errors: Sequence[int | str] | None) -> dict[str, int |
         return dict(known)
     out: dict[str, int | str] = {}
     for e in errors:
-        if kind == "jsonl":
+        if uses_files(kind):
             code = e if isinstance(e, int) else getattr(errno, str(e).upper(), None)
             if not isinstance(code, int) or code not in errno.errorcode:
                 raise ValueError(f"not an errno: {e!r}")
@@ -87,14 +94,14 @@ def _io_labels(kind: str, errors: Sequence[int | str] | None) -> dict[str, int |
 
 
 def _io_faults(kind: str, fault: int | str, k: int | None) -> FaultyFiles | SqliteFaults:
-    if kind == "jsonl":
+    if uses_files(kind):
         assert isinstance(fault, int)
         return FaultyFiles(fail_at=k, error=fault)
     return SqliteFaults(fail_at=k, error="ioerr" if fault == "ioerr" else "full")
 
 
 def _crash_faults(kind: str, k: int | None) -> PowerLossFiles | SqliteFaults:
-    return PowerLossFiles(crash_at=k) if kind == "jsonl" else SqliteFaults(crash_at=k)
+    return PowerLossFiles(crash_at=k) if uses_files(kind) else SqliteFaults(crash_at=k)
 
 
 def _at_rest_after(kind: str) -> Callable[[Any, BaseException | None], None]:

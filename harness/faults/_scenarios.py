@@ -61,6 +61,7 @@ from harness.faults._backends import (
     close_backend,
     make_backend,
     plain_backend,
+    scenario_modes,
     track_session,
 )
 from harness.faults._explore import Probe, Scenario, Settings
@@ -1081,10 +1082,14 @@ def _bind(fn: Callable[[Probe, str], Awaitable[None]], kind: str) -> Callable[[P
 
 
 def builtin_scenarios() -> list[Scenario]:
-    """Every built-in scenario, one per backend (``NAME/jsonl``, ``NAME/sqlite``)."""
+    """Every built-in scenario, one per backend (``NAME/jsonl``, ``NAME/sqlite``, and
+    for a subset ``NAME/jsonl-zstd``, see :func:`~harness.faults._backends.scenario_modes`)."""
     out: list[Scenario] = []
-    for name, fn, description, cancellers, modes in _DEFS:
+    for name, fn, description, cancellers, all_modes in _DEFS:
         for kind in BACKENDS:
+            modes = scenario_modes(name, kind, all_modes)
+            if not modes:
+                continue
             out.append(
                 Scenario(
                     name=f"{name}/{kind}",

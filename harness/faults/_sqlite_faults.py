@@ -17,7 +17,8 @@ _ERRORS: dict[str, tuple[str, int, str]] = {
 class SqliteFaults:
     """Pass as ``SqliteBackend(path, faults=...)``: the backend calls :meth:`before`
     with every statement it is about to execute (``BEGIN``/``COMMIT``/``ROLLBACK``,
-    PRAGMAs, ``executemany`` included), in order.
+    PRAGMAs and their read-backs included), in order. A batch's insert is one statement
+    (``INSERT INTO events …``), however many ``executemany`` segments it is bound in.
 
     Statements are counted 1-based (:attr:`count`, :attr:`statements`). The
     ``fail_at``-th raises ``sqlite3.OperationalError`` as SQLite would for a full disk

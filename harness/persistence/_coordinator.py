@@ -13,6 +13,7 @@ from typing import Any, final
 import trio
 
 from harness.errors import (
+    EventError,
     HarnessError,
     PersistenceArgumentError,
     PersistenceError,
@@ -25,6 +26,7 @@ from harness.errors import (
     SessionNotLiveError,
 )
 from harness.persistence._backend import Backend, StoredLog, WriterLease
+from harness.persistence._restore import build_session as build_session
 from harness.persistence._service import ServiceMixin, _canonical, refuse_legacy, reproduces
 from harness.persistence._writer import (
     Leftover,
@@ -37,6 +39,7 @@ from harness.runtime import SessionHandle, Store
 from harness.session import (
     KNOWN_EVENT_TYPES,
     Session,
+    check_lookup_id,
     closers_for_records,
     event_to_record,
     gc_paused,
@@ -86,8 +89,6 @@ class SessionPreparation:
             return
         self.disposed = True
         persistence = self._persistence
-        if persistence._reserved.get(self.id) is self:
-            del persistence._reserved[self.id]
         if not self.published:
             # Remembered while this preparation lives, so that the store's created
             # listener refuses its session too (not only publish()).
@@ -97,6 +98,11 @@ class SessionPreparation:
             if lease is not None:
                 await release_lease(lease)
         finally:
+            # The id stays reserved until the lock is released: a prepare or load of it
+            # meanwhile waits for ``_released`` instead of meeting this process's own
+            # lock (SessionLockedError).
+            if persistence._reserved.get(self.id) is self:
+                del persistence._reserved[self.id]
             self._released.set()
 
 
@@ -132,6 +138,7 @@ class Persistence(ServiceMixin):
             store.on_event(self._on_event),
             store.on_flush(self._on_flush),
             store.on_disposed(self._on_disposed),
+            store.add_pre_commit_hook(self._refuse_unreadable),
         ]
 
     # -- listeners -----------------------------------------------------------------------
@@ -156,6 +163,9 @@ class Persistence(ServiceMixin):
                     session_id=handle.id,
                 )
             del self._reserved[handle.id]
+            # An ownerless state a load left is this session's now (reference: the
+            # attach binds the owner); it must not outlive it as a stale claim check.
+            self._states.pop(handle.id, None)
             writer = self._new_writer(session, materialized=True, cursor=reserved.cursor, lease=reserved._claim())
         elif (claimed := self._claim_state(handle.id, session)) is not None:
             # An envelope session of this service (create/append): the live session's
@@ -225,13 +235,42 @@ class Persistence(ServiceMixin):
         writer.durable = max(writer.durable, n)
 
     def _new_writer(self, session: Session, **kwargs: Any) -> SessionWriter:
-        return SessionWriter(backend=self.backend, session=session, nursery=self._nursery, delay=self._delay, **kwargs)
+        return SessionWriter(
+            backend=self.backend,
+            session=session,
+            nursery=self._nursery,
+            delay=self._delay,
+            warnings=self.store.warnings,
+            **kwargs,
+        )
+
+    def _refuse_unreadable(self, handle: SessionHandle, events: tuple[Any, ...]) -> None:
+        """Pre-commit veto: an event type a load would refuse ("unknown to this harness
+        and not marked ignorable"; a chunk-row tag the reader would expand) is refused
+        before it is logged. Accepted, it would be acknowledged by a flush and then
+        make the whole session unreadable (issue 16)."""
+        for ev in events:
+            refuse_unreadable_type(handle.id, ev.type, ev.seq, ev.ignorable)
 
     def _on_created(self, handle: SessionHandle) -> None:
+        session = handle._entry.session
+        if session.first_live_seq:  # a seed: the rule of the appends
+            for ev in session.events:
+                refuse_unreadable_type(handle.id, ev.type, ev.seq, ev.ignorable)
         self._writer_for(handle)  # raises (vetoes) on an identity conflict
 
     def _on_event(self, handle: SessionHandle, event: Any) -> None:
-        self._writer_for(handle).enqueue(event)
+        writer = self._writers.get(handle.id)
+        if writer is None or writer.session is not handle._entry.session:
+            if not handle._entry.announced:
+                # Entered, not announced: its writer starts at its session/created
+                # (and catches up on these events), after the creation checks (the
+                # id-collision veto, the seed's types). Started here, it would write a
+                # session that may never be published, and no session/disposed would
+                # retire it when it is detached unannounced (its lock held for ever).
+                return
+            writer = self._writer_for(handle)
+        writer.enqueue(event)
 
     async def _on_flush(self, handle: SessionHandle) -> None:
         """The durability barrier for a live session. A session that is no longer live
@@ -246,6 +285,13 @@ class Persistence(ServiceMixin):
             if retiring is None:
                 raise SessionNotLiveError(f'session "{handle.id}" is not live in this store', session_id=handle.id)
             await retiring.flush()
+            return
+        current = self._writers.get(handle.id)
+        if not handle.announced and (current is None or current.session is not handle._entry.session):
+            # Entered, not announced: nothing of it is written yet (its writer starts
+            # at its session/created), and a flush must not start one (see _on_event):
+            # a session detached unannounced gets no session/disposed, so that writer
+            # would never retire (its lock held, the id "live" here for ever).
             return
         writer = self._writer_for(handle)
         writer.catch_up()
@@ -267,7 +313,14 @@ class Persistence(ServiceMixin):
         try:
             await writer.retire()
         except Exception as exc:
-            log.warning('%s: session "%s" retirement failed: %s', self.backend.name, writer.id, exc)
+            self.store.warnings.report(
+                log,
+                "write-failed",
+                "retirement",
+                f'{self.backend.name}: session "{writer.id}" retirement failed: {exc}',
+                session_id=writer.id,
+                error=exc,
+            )
             if writer.pending and writer.wedged is None:
                 self._leftovers.append(writer.leftover())
             elif writer.pending:
@@ -301,6 +354,7 @@ class Persistence(ServiceMixin):
         Cancellation: only the wait is cancelled; the retirement goes on in the
         persistence nursery.
         """
+        check_lookup_id(session_id)
         await self._wait_retired(session_id)
 
     async def _wait_retired(self, session_id: str, me: SessionWriter | None = None) -> None:
@@ -335,22 +389,33 @@ class Persistence(ServiceMixin):
         if the caller is cancelled meanwhile, the finished preparation is disposed
         (lock released) before ``Cancelled`` propagates, so nothing leaks.
         """
-        while True:
-            await self._wait_retired(session_id)
-            if await self.store.get(session_id) is not None:
-                raise SessionLiveError(f'cannot prepare session "{session_id}" while it is live', session_id=session_id)
-            held = self._reserved.get(session_id)
-            if held is None:
-                break
-            # Another preparation of this id holds it: wait (cancellably) until it is
-            # published (then the id is live: refused above) or disposed (reference §2.6).
-            await held._released.wait()
+        check_lookup_id(session_id)
         result: list[SessionPreparation] = []
         try:
-            session, lease, cursor, repaired = await trio.to_thread.run_sync(self._prepare_sync, session_id)
-            prep = SessionPreparation(self, session, lease, cursor, repaired)
-            result.append(prep)
-            self._reserved[session_id] = prep
+            while True:
+                await self._wait_retired(session_id)
+                if await self.store.get(session_id) is not None:
+                    raise SessionLiveError(
+                        f'cannot prepare session "{session_id}" while it is live', session_id=session_id
+                    )
+                held = self._reserved.get(session_id)
+                if held is not None:
+                    # Another preparation of this id holds it: wait (cancellably) until it
+                    # is published (then the id is live: refused above) or disposed
+                    # (reference §2.6).
+                    await held._released.wait()
+                    continue
+                # Serialised with the id's other operations (a load, an append's
+                # adoption, another prepare still reading): none of them fails on the
+                # lock this process itself holds, and none reads a log another rewrites.
+                async with self._chain(session_id):
+                    if self._taken(session_id) or self.store.get_nowait(session_id) is not None:
+                        continue  # prepared, live or retiring meanwhile: look again
+                    session, lease, cursor, repaired = await trio.to_thread.run_sync(self._prepare_sync, session_id)
+                    prep = SessionPreparation(self, session, lease, cursor, repaired)
+                    result.append(prep)
+                    self._reserved[session_id] = prep
+                break
             await trio.lowlevel.checkpoint()
         except BaseException:
             if result:
@@ -424,24 +489,6 @@ class Persistence(ServiceMixin):
                     session_id=session_id,
                 )
 
-    async def load(self, session_id: str) -> Session:
-        """Read a stored session without taking its lock or changing storage (for
-        inspection, also while another process writes it). Repair closers are
-        included in memory but not written. Waits first for a detached session's
-        final write (its retirement) to finish.
-
-        Cancellation: the read runs on a worker thread and is not abandoned; the
-        caller gets ``Cancelled`` after it returns (nothing is held).
-        """
-        await self._wait_retired(session_id)
-
-        def work() -> Session:
-            stored = self.backend.load(session_id)
-            records, closers = self._check_and_repair(session_id, stored)
-            return build_session(session_id, stored.header, records + closers)
-
-        return await trio.to_thread.run_sync(work)
-
     async def delete(self, session_id: str) -> None:
         """Delete a stored session (also one whose events do not read, if its header
         does). Refused (:class:`SessionLiveError`) while it is live
@@ -450,10 +497,21 @@ class Persistence(ServiceMixin):
 
         Cancellation: the deletion is not abandoned once started (worker thread).
         """
-        await self._wait_retired(session_id)
-        if await self.store.get(session_id) is not None or session_id in self._reserved:
-            raise SessionLiveError(f'cannot delete session "{session_id}" while it is live', session_id=session_id)
+        check_lookup_id(session_id)
+        while True:
+            await self._wait_retired(session_id)
+            if await self.store.get(session_id) is not None or session_id in self._reserved:
+                raise SessionLiveError(f'cannot delete session "{session_id}" while it is live', session_id=session_id)
+            # Serialised with the id's other operations: a load (or an append's
+            # adoption, a prepare) reading the log now would otherwise record state for
+            # a log this deletes.
+            async with self._chain(session_id):
+                if self._taken(session_id) or self.store.get_nowait(session_id) is not None:
+                    continue  # prepared, live or retiring meanwhile: look again
+                await self._delete_stored(session_id)
+                return
 
+    async def _delete_stored(self, session_id: str) -> None:
         def work() -> None:
             try:
                 header = self.backend.load(session_id).header
@@ -471,6 +529,7 @@ class Persistence(ServiceMixin):
                 lease.release()
 
         await trio.to_thread.run_sync(work)
+        self._states.pop(session_id, None)  # a created, appended or loaded id is gone with its log
 
     async def list(self) -> list[dict[str, Any]]:
         """Stored session headers (records with camelCase keys).
@@ -556,24 +615,24 @@ class Persistence(ServiceMixin):
 _LEGACY_TYPES = frozenset({"request/header-delta", "mode/set", "steering/message"})
 
 
+def refuse_unreadable_type(session_id: str, type_: str, seq: int, ignorable: bool) -> None:
+    """:class:`EventError` for an event that a load of its session would refuse."""
+    if type_ in KNOWN_EVENT_TYPES or ignorable:
+        return
+    shown = repr(type_) if len(type_) <= 80 else f"{type_[:60]!r}... ({len(type_)} characters)"
+    raise EventError(
+        f'session "{session_id}": event type {shown} (seq {seq}) is not one this harness can read back '
+        "from storage; a persisted session takes only known event types (see docs/limits.md)",
+        session_id=session_id,
+    )
+
+
 def _last_index_of(items: list[Any], value: str) -> int:
     """The index of the last ``value`` in ``items`` (-1 if absent), at C speed."""
     try:
         return len(items) - 1 - items[::-1].index(value)
     except ValueError:
         return -1
-
-
-def build_session(session_id: str, header: dict[str, Any], records: list[Any]) -> Session:
-    """Restore mode over stored records; validation failures become corruption."""
-    try:
-        return Session.restore(session_id, records, header)  # pauses the collector itself
-    except SessionFormatUnsupportedError:
-        raise
-    except HarnessError as exc:
-        raise SessionCorruptionError(
-            f'stored session "{session_id}" failed validation: {exc}', session_id=session_id
-        ) from exc
 
 
 @asynccontextmanager

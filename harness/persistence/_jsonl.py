@@ -45,7 +45,7 @@ from harness.persistence._zstd import (
     read_header_frame,
     scan_frames,
 )
-from harness.session import decode_storage_record, gc_paused, pack_chunk_runs
+from harness.session import MAX_SESSION_ID_BYTES, decode_storage_record, gc_paused, pack_chunk_runs
 from harness.session._chunks import ROW_TAGS
 
 TRANSCRIPT: Final = "session.jsonl"
@@ -743,6 +743,10 @@ class JsonlBackend:
         """Every transcript of ``session_id`` under the root (refusing, as
         :meth:`locate` does, flat-layout files and the other encoding)."""
         seg = encode_segment(session_id)
+        if len(seg) > MAX_SESSION_ID_BYTES:
+            # Never created (the id door refuses it), and probing for it would raise
+            # ENAMETOOLONG instead of answering "not found" (issue 16).
+            return []
         found = []
         for project in self._project_dirs():
             for suffix in (".jsonl.zstd", ".jsonl"):

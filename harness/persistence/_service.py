@@ -1,16 +1,20 @@
 """The persistence service surface without a live session (reference §2.1, §2.3, §2.8).
 
 ``create``/``append`` write envelope events for a session id that no live session owns;
-``inspect``/``read_from``/``list_snapshots`` read without changing storage; ``locate``
-and ``read_raw`` expose where and what a backend stores. Mixed into
+``load`` makes a stored session's repair durable and holds the id for a live session
+that reproduces it; ``inspect``/``read_from``/``list_snapshots``/``read_session`` read
+without changing storage; ``locate`` and ``read_raw`` expose where and what a backend
+stores. Mixed into
 :class:`~harness.persistence.Persistence`.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Iterable, Sequence
+from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -26,17 +30,20 @@ from harness.errors import (
     SessionFormatUnsupportedError,
     SessionLiveError,
     SessionLogExistsError,
+    SessionNotLiveError,
     SessionTrackedError,
 )
-from harness.persistence._backend import StoredLog, header_record
-from harness.session import FrozenDict, event_to_record, freeze, thaw
+from harness.persistence._backend import StoredLog, WriterLease, header_record
+from harness.persistence._restore import build_session
+from harness.session import FrozenDict, Session, event_to_record, freeze, gc_paused, thaw
 from harness.session._events import is_nonneg_safe_int, valid_envelope
-from harness.session._header import snapshot_header
-from harness.session._json import try_snapshot_raw
+from harness.session._header import check_lookup_id, check_session_id, snapshot_header
+from harness.session._json import MAX_STORABLE_DEPTH, try_snapshot_raw, try_snapshot_storable
+from harness.session._session import _NO_TURN
 
 if TYPE_CHECKING:
     from harness.persistence._backend import Backend
-    from harness.runtime import Store
+    from harness.runtime import SessionHandle, Store
 
 log = logging.getLogger("harness.persistence")
 
@@ -69,13 +76,46 @@ class _EnvelopeState:
     meta: dict[str, Any]  # the header record
     cursor: int  # stored length
     materialized: bool
-    # The stored events as compact JSON, so a live session that claims this id can be
-    # checked synchronously, at its creation (reference §2.4 case 1).
-    lines: list[bytes] = attrs.Factory(list)
+    stored: Fingerprint = attrs.Factory(lambda: Fingerprint())
+
+
+class Fingerprint:
+    """The stored events of a tracked id as one digest of their canonical JSON, in
+    order: a live session that claims the id is checked against it synchronously, at
+    its creation (reference §2.4 case 1), without keeping the log in memory (a loaded
+    100k-event log would otherwise pin ~20 MB of JSON per id until it is claimed).
+    BLAKE2b-256 over length-prefixed lines: a false match is out of reach."""
+
+    __slots__ = ("_hash", "count")
+
+    def __init__(self) -> None:
+        self._hash = hashlib.blake2b(digest_size=32)
+        self.count = 0
+
+    def extend(self, records: Iterable[object]) -> None:
+        for record in records:
+            _feed(self._hash, _canonical(record))
+            self.count += 1
+
+    def begins(self, events: Sequence[Any]) -> bool:
+        """Whether ``events`` begin with the stored events (content equality, keys in
+        any order, JSON types strict)."""
+        n = self.count
+        if len(events) < n:
+            return False
+        h = hashlib.blake2b(digest_size=32)
+        for i in range(n):
+            _feed(h, _canonical(event_to_record(events[i])))
+        return h.digest() == self._hash.digest()
+
+
+def _feed(h: Any, line: bytes) -> None:
+    h.update(len(line).to_bytes(8, "little"))
+    h.update(line)
 
 
 class ServiceMixin:
-    """The envelope-level service. Expects ``backend``, ``store``, ``_reserved``,
+    """The envelope-level service. Expects ``backend``, ``store``, ``_reserved``, ``_retirements``,
     ``_writers``, ``_wait_retired``, ``_check_and_repair`` and ``_refuse_unknown`` from
     :class:`Persistence`."""
 
@@ -83,6 +123,7 @@ class ServiceMixin:
     store: Store
     _reserved: dict[str, Any]
     _writers: dict[str, Any]
+    _retirements: dict[str, Any]
 
     _nursery: trio.Nursery
 
@@ -128,7 +169,7 @@ class ServiceMixin:
                 session_id=session_id,
             )
         n = state.cursor
-        if not reproduces(session.events, state.lines):
+        if not state.stored.begins(session.events):
             raise SessionLogExistsError(
                 f'session "{session_id}" is already persisted with {n} event(s) that do not match this live '
                 "session (id collision)",
@@ -137,12 +178,22 @@ class ServiceMixin:
         del self._states[session_id]
         return state
 
-    def _chain(self, session_id: str) -> trio.Lock:
-        """Per-id FIFO serialisation of envelope operations (Trio's lock is fair)."""
+    @asynccontextmanager
+    async def _chain(self, session_id: str) -> AsyncIterator[None]:
+        """Per-id FIFO serialisation of the id's operations (Trio's lock is fair). The
+        id's entry goes once nobody holds or waits for it (reference §2.2: a settled
+        tail deletes its entry), so the map does not grow with every id ever used."""
         lock = self._chains.get(session_id)
         if lock is None:
             lock = self._chains[session_id] = trio.Lock()
-        return lock
+        try:
+            async with lock:
+                yield
+        finally:
+            # A release hands the lock to the next waiter (it stays locked): the entry
+            # goes only when it is free and nobody waits.
+            if self._chains.get(session_id) is lock and not lock.locked() and not lock.statistics().tasks_waiting:
+                del self._chains[session_id]
 
     async def _is_live(self, session_id: str) -> bool:
         return session_id in self._writers or await self.store.get(session_id) is not None
@@ -162,18 +213,31 @@ class ServiceMixin:
         Cancellation: cancelled while waiting for the id's earlier operations, nothing
         happened; the storage probe runs on a worker thread and is not abandoned.
         """
-        ok, raw = try_snapshot_raw(meta)
-        if not ok or type(raw) is not dict:
+        why, raw = try_snapshot_storable(meta)
+        if why == "too deep":
+            # Refused here: its header line could never be written (issue 16).
+            raise PersistenceArgumentError(
+                f"session metadata nests more than {MAX_STORABLE_DEPTH} levels, which cannot be stored"
+            )
+        if why is not None or type(raw) is not dict:
             raise PersistenceArgumentError("session metadata must be losslessly JSON-serializable")
         if not is_nonneg_safe_int(raw.get("createdAt")):
             raise PersistenceArgumentError("session metadata createdAt must be a non-negative safe integer")
         sid = raw.get("id")
         try:
+            # A new id: refused here if storage cannot name it (issue 16), not by the
+            # first write.
+            check_session_id(sid, "session metadata id")
             header = snapshot_header(raw, sid if type(sid) is str else "")
         except HarnessError as exc:
             raise PersistenceArgumentError(f"session metadata is not a valid session header: {exc}") from exc
         sid = header.id
         async with self._chain(sid):
+            if sid in self._states or sid in self._reserved or await self._is_live(sid):
+                raise SessionTrackedError(f'session "{sid}" already exists in this backend', session_id=sid)
+            # A detached incarnation may still be writing its last batch (the first, if
+            # it never wrote): the storage probe below must see it.
+            await self._wait_retired(sid)
             if sid in self._states or sid in self._reserved or await self._is_live(sid):
                 raise SessionTrackedError(f'session "{sid}" already exists in this backend', session_id=sid)
             if await trio.to_thread.run_sync(self.backend.revision, sid) is not None:
@@ -202,8 +266,19 @@ class ServiceMixin:
         happened; once the write started on its worker thread it completes, and the
         caller gets ``Cancelled`` after it (the log and this service agree).
         """
-        ok, raw = try_snapshot_raw(list(events))
-        if not ok or type(raw) is not tuple:
+        check_lookup_id(session_id)
+        # Storable, not only JSON: data deeper than a record can be written is refused
+        # here. The root is a tuple from the fast copy and a list from the deep walk
+        # (a batch nesting more than 48 levels was refused as "not JSON", issue 16).
+        # The batch list and a record are two levels above each event's data.
+        why, raw = try_snapshot_storable(list(events), MAX_STORABLE_DEPTH + 2)
+        if why == "too deep":
+            raise PersistenceArgumentError(
+                f"session event batch holds data nested more than {MAX_STORABLE_DEPTH} levels deep, "
+                "which cannot be stored",
+                session_id=session_id,
+            )
+        if why is not None or type(raw) not in (tuple, list):
             raise PersistenceArgumentError(
                 "session event batch is not losslessly JSON-serializable because it contains "
                 "non-JSON-serializable data",
@@ -245,7 +320,7 @@ class ServiceMixin:
             await trio.to_thread.run_sync(self._write, state, batch)
             state.cursor += len(batch)
             state.materialized = True
-            state.lines.extend(map(_canonical, batch))
+            state.stored.extend(batch)
 
     def _adopt(self, session_id: str) -> _EnvelopeState:
         """Blocking: take a stored session for appending; its repair is made durable."""
@@ -257,8 +332,10 @@ class ServiceMixin:
             records, closers = self._check_and_repair(session_id, stored)
             if stored.truncate_to is not None or closers:
                 self.backend.commit_repair(session_id, stored.truncate_to, closers, lease=lease)
-            lines = [_canonical(r) for r in records + closers]
-            return _EnvelopeState(header_record(stored.header), len(lines), True, lines)
+            fingerprint = Fingerprint()
+            fingerprint.extend(records)
+            fingerprint.extend(closers)
+            return _EnvelopeState(header_record(stored.header), fingerprint.count, True, fingerprint)
         finally:
             lease.release()
 
@@ -273,6 +350,157 @@ class ServiceMixin:
         finally:
             lease.release()
 
+    # -- load (§2.8) -----------------------------------------------------------------
+
+    async def load(self, session_id: str) -> Session:
+        """Load a session for use, as the reference's ``load``.
+
+        Cold (stored, not live here): the crash repair is **made durable** (a torn tail
+        cut, the closers of an interrupted turn appended, the revision moved), then the
+        id is held *ownerless*: :meth:`append` continues it, a live session whose seed
+        reproduces the loaded log claims it (e.g. the returned session, published with
+        ``store.adopt``/``enter``/``announce``), and any other live session with that id
+        (a fresh empty one included) is vetoed at its creation. Live here: its log is
+        flushed and the snapshot taken before the flush is returned, with the stored
+        header; refused while its turn is open. Returns a detached session restored
+        from that log (plus a ``session/end-seed`` unless it ends with one).
+
+        Raises :class:`PersistedSessionNotFoundError` (nothing stored; a live session
+        with no event), :class:`SessionLiveError` (``cannot load session "<id>" while
+        its live turn is open; …``), :class:`SessionLockedError` when a repair is due
+        and another process writes the session, :class:`SessionCorruptionError`,
+        :class:`SessionFormatUnsupportedError`, the live flush's :class:`FlushError`,
+        and the backend's errors (a failed repair commit leaves the stored log as it
+        was before the load, or with the repair: never half of it).
+
+        Cancellation: waiting for a retirement, a preparation or the id's earlier
+        operations can be cancelled (nothing happened). The cold read-and-repair runs on
+        a worker thread that is not abandoned: once started it completes, the ownerless
+        state is recorded, and the caller gets ``Cancelled`` afterwards. The live flush
+        is cancellable like any flush (the snapshot is then not returned). Ownership:
+        the returned session belongs to the caller; the ownerless state to this
+        persistence.
+        """
+        check_lookup_id(session_id)
+        while True:
+            await self._wait_retired(session_id)
+            handle = await self.store.get(session_id)
+            if handle is not None:
+                loaded = await self._load_live(session_id, handle)
+                if loaded is not None:
+                    return loaded
+                continue  # detached while flushing: it is (becoming) cold
+            held = self._reserved.get(session_id)
+            if held is not None:
+                # A preparation holds the id: wait until it is published (then live) or
+                # disposed, as a second prepare does.
+                await held._released.wait()
+                continue
+            async with self._chain(session_id):
+                if self._taken(session_id):
+                    # Became live, prepared or retiring (detached after the wait above)
+                    # while this waited: look again.
+                    continue
+                session, state = await trio.to_thread.run_sync(self._load_cold, session_id)
+                # No checkpoint from the thread's return to the end of this block: the
+                # state recorded is the one the repair left, and no live creation can
+                # slip in between.
+                if self._taken(session_id):
+                    # Became live (or live and detached: retiring) meanwhile: look
+                    # again (the repair stays).
+                    continue
+                self._states[session_id] = state
+                return session
+
+    def _taken(self, session_id: str) -> bool:
+        """Whether a live session, a preparation or a retiring incarnation holds the id
+        here: a cold load must not read under, or record state over, any of them (a
+        retiring writer may still append its last batch)."""
+        if session_id in self._reserved or self._retirements.get(session_id):
+            return True
+        writer = self._writers.get(session_id)
+        if writer is None:
+            return False
+        # A writer whose session the store no longer holds (entered, then detached
+        # without being announced: no session/disposed retired it) does not make the
+        # id live: counting it would make load spin for ever.
+        entry = self.store._entries.get(session_id)
+        return entry is not None and entry.session is writer.session
+
+    def _load_cold(self, session_id: str) -> tuple[Session, _EnvelopeState]:
+        """Blocking: read, validate, build the session, then commit the repair (under
+        the writer lock, taken only when there is a repair to write: a balanced log
+        another process appends to still loads)."""
+        with gc_paused():  # one pause for read, decode and restore (decision 0003)
+            stored = self.backend.load(session_id)
+            records, closers = self._check_and_repair(session_id, stored)
+            lease: WriterLease | None = None
+            try:
+                if stored.truncate_to is not None or closers:
+                    lease = self.backend.acquire_writer(stored.header)
+                    if self.backend.revision(session_id) != stored.revision:
+                        stored = self.backend.load(session_id)  # written meanwhile: read it again
+                        records, closers = self._check_and_repair(session_id, stored)
+                fingerprint = Fingerprint()
+                fingerprint.extend(records)
+                fingerprint.extend(closers)
+                # Validated before anything is written: a log that does not restore is
+                # refused unchanged. The session adopts fresh copies of the closers, so
+                # the ones committed below are not shared with it.
+                session = build_session(session_id, stored.header, records + [thaw(c) for c in closers])
+                if lease is not None and (stored.truncate_to is not None or closers):
+                    self.backend.commit_repair(session_id, stored.truncate_to, closers, lease=lease)
+            finally:
+                if lease is not None:
+                    lease.release()
+        return session, _EnvelopeState(header_record(stored.header), fingerprint.count, True, fingerprint)
+
+    async def _load_live(self, session_id: str, handle: SessionHandle) -> Session | None:
+        """The live path of :meth:`load`; ``None`` if the session was detached before
+        its flush (the caller then loads it cold). Cancellation: the flush is
+        cancellable; nothing is held."""
+        session = handle._entry.session
+        snapshot = session.events  # immutable: what the caller asked for, pre-flush
+        writer = self._writers.get(session_id)
+        # The stored header wins over the live one once a live session claimed a log.
+        meta = writer._header if writer is not None and writer.session is session else session.header.to_record()
+        try:
+            await handle.flush()
+        except SessionNotLiveError:
+            return None
+        n = len(snapshot)
+        if n == 0:
+            raise PersistedSessionNotFoundError(f'session "{session_id}" not found', session_id=session_id)
+        if session.open_turn_at(n - 1) is not _NO_TURN:
+            raise SessionLiveError(
+                f'cannot load session "{session_id}" while its live turn is open; use the live Session or '
+                "wait for the turn to close",
+                session_id=session_id,
+            )
+        header = {k: v for k, v in meta.items() if k != "type"}
+        records = [_record(e) for e in snapshot]
+        return await trio.to_thread.run_sync(build_session, session_id, header, records)
+
+    async def read_session(self, session_id: str) -> Session:
+        """A detached session restored from the stored log, **without** taking its lock
+        or changing storage or this persistence's state (also while another process
+        writes it): the crash-repair closers are in memory only. For forking from or
+        showing a stored session; :meth:`load` is the reference's load. Waits first for
+        a detached session's final write (its retirement) to finish.
+
+        Cancellation: the read runs on a worker thread and is not abandoned; the
+        caller gets ``Cancelled`` after it returns (nothing is held).
+        """
+        check_lookup_id(session_id)
+        await self._wait_retired(session_id)
+
+        def work() -> Session:
+            stored = self.backend.load(session_id)
+            records, closers = self._check_and_repair(session_id, stored)
+            return build_session(session_id, stored.header, records + closers)
+
+        return await trio.to_thread.run_sync(work)
+
     # -- reading without changing anything (§2.8) --------------------------------------
 
     async def inspect(self, session_id: str) -> SessionInspection:
@@ -281,6 +509,7 @@ class ServiceMixin:
 
         Cancellation: the read runs on a worker thread; its result is dropped.
         """
+        check_lookup_id(session_id)
         live = await self.store.get(session_id)
         if live is not None:
             return SessionInspection(
@@ -341,6 +570,7 @@ class ServiceMixin:
 
         Cancellation: the read runs on a worker thread; its result is dropped.
         """
+        check_lookup_id(session_id)
         if not is_nonneg_safe_int(from_seq):
             raise PersistenceArgumentError(
                 f"readFrom fromSeq must be a non-negative safe integer, got {from_seq!r}", session_id=session_id
@@ -407,6 +637,7 @@ class ServiceMixin:
 
         Cancellation: the read runs on a worker thread; its result is dropped.
         """
+        check_lookup_id(session_id)
         read_raw = getattr(self.backend, "read_raw", None)
         if not callable(read_raw):
             raise RawArtifactsUnsupportedError(

@@ -7,8 +7,14 @@ a database written by either implementation opens in the other. Identity checks
 ``BEGIN IMMEDIATE`` before any statement that writes, and again inside every write
 transaction; a foreign file is refused (:class:`SqliteSchemaError`) unchanged.
 
-WAL journal, ``synchronous=FULL``, one ``BEGIN IMMEDIATE`` transaction per batch (a
-batch lands whole or not at all), chunk runs packed per batch, and a storage-level
+The reference's path checks run at construction and before every connection (an
+unsafe directory, database, lease file or journal sidecar raises
+:class:`~harness.errors.UnsafeStoragePathError`; see ``_sqlite_schema``). A WAL journal
+by default (``journal_mode``: the reference's four modes), ``synchronous=FULL`` read
+back, one ``BEGIN IMMEDIATE`` transaction per batch (a batch lands whole or not at all;
+its rows bound while they are inserted, the common ones with five parameters: see
+:func:`~harness.persistence._sqlite_rows.bind_segments`), chunk runs packed per batch,
+and a storage-level
 stale-writer check: a batch must start at the stored next seq. Reading applies the
 reference's torn-tail rule to physical rows; a repair (delete the torn rows, append
 the closers) is one transaction.
@@ -49,13 +55,14 @@ import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Final, Protocol
+from typing import Any, Final, Literal, Protocol
 
 import orjson
 
 from harness.errors import (
     LeaseLostError,
     PersistedSessionNotFoundError,
+    PersistenceArgumentError,
     RecordEncodingError,
     SessionCorruptionError,
     SessionLockedError,
@@ -72,7 +79,7 @@ from harness.persistence._sqlite_rows import (
     PACKED,
     Row,
     _Malformed,
-    bind_records,
+    bind_segments,
     check_row,
     decode_row,
     fetch_batches,
@@ -85,7 +92,10 @@ from harness.persistence._sqlite_schema import (
     LEGACY_APPLICATION_ID,
     LEGACY_SCHEMA_VERSIONS,
     SCHEMA_VERSION,
+    check_companions,
     check_database,
+    check_directory,
+    check_file,
     check_file_header,
     check_for_mutation,
     check_lease_file,
@@ -103,7 +113,9 @@ log = logging.getLogger("harness.persistence")
 
 __all__ = [
     "APPLICATION_ID",
+    "DEFAULT_BUSY_TIMEOUT_MS",
     "DEFAULT_LEASE_TTL",
+    "JOURNAL_MODES",
     "SCHEMA_VERSION",
     "SqliteBackend",
     "SqliteSchemaError",
@@ -113,6 +125,13 @@ __all__ = [
 ]
 
 DEFAULT_LEASE_TTL: Final = 30.0
+#: The reference's default wait for another connection's lock, and SQLite's largest.
+DEFAULT_BUSY_TIMEOUT_MS: Final = 5_000
+MAX_BUSY_TIMEOUT_MS: Final = 2_147_483_647
+JournalMode = Literal["wal", "delete", "truncate", "persist"]
+#: The durable journal modes the reference accepts (``journalMode``; default ``wal``).
+JOURNAL_MODES: Final = ("wal", "delete", "truncate", "persist")
+_JOURNAL_BUSY_RETRY: Final = 0.010  # seconds between journal-mode attempts on SQLITE_BUSY
 
 _LEASE_COLUMNS = "fence, token, host, pid, start_time, since, expires"
 _LEASES = f"{LEASE_SCHEMA}.leases"
@@ -134,9 +153,23 @@ class SqliteBackend:
     one connection, serialised by a lock (thread-safe).
 
     ``lease_ttl``: seconds a writer lease stays valid without a write or a renewal.
+    ``journal_mode``: the reference's ``journalMode``, one of :data:`JOURNAL_MODES`
+    (default ``"wal"``); the lease file uses the same.
+    ``busy_timeout_ms``: the reference's ``busyTimeoutMs`` (default 5000): how long a
+    statement waits for another connection's lock, and how long opening retries a
+    journal-mode change that finds the database busy.
     ``faults``: a statement hook for fault injection (see ``harness.faults``).
     ``files``: the file layer for the backend's own file operations (creating the
-    database's directory and the two files, mode 0600).
+    database's directory, mode 0700, and the two files, mode 0600).
+
+    Construction checks the path as the reference's service init does (see
+    :mod:`~harness.persistence._sqlite_schema`): it creates the missing directories
+    (0700) and refuses, with :class:`~harness.errors.UnsafeStoragePathError`, a
+    directory that is a symbolic link, not the current user's, or group/world-writable,
+    and a database (lease file, journal sidecar) that is a symbolic link, not a regular
+    file, not the current user's, or open to group/world. ``path`` is made absolute
+    without following symbolic links (the reference's ``path.resolve``), so a link is
+    refused, never followed. Opening the database (lazily) checks again.
     """
 
     name = "sqlite"
@@ -146,14 +179,28 @@ class SqliteBackend:
         path: str | os.PathLike[str],
         *,
         lease_ttl: float = DEFAULT_LEASE_TTL,
+        journal_mode: JournalMode = "wal",
+        busy_timeout_ms: int = DEFAULT_BUSY_TIMEOUT_MS,
         faults: StatementFaults | None = None,
         files: OsFiles | None = None,
     ) -> None:
         if not lease_ttl > 0:
             raise ValueError(f"lease_ttl must be positive, got {lease_ttl!r}")
-        self.path = Path(path).resolve()
+        if journal_mode not in JOURNAL_MODES:
+            raise PersistenceArgumentError(
+                f"SQLite journal_mode must be one of {', '.join(JOURNAL_MODES)}, got {journal_mode!r}"
+            )
+        if type(busy_timeout_ms) is not int or not 0 <= busy_timeout_ms <= MAX_BUSY_TIMEOUT_MS:
+            raise PersistenceArgumentError(
+                f"SQLite busy_timeout_ms must be an integer in [0, {MAX_BUSY_TIMEOUT_MS}], got {busy_timeout_ms!r}"
+            )
+        # Lexically absolute, as the reference's path.resolve: Path.resolve() would follow
+        # a symbolic link to the database (or its directory) instead of refusing it.
+        self.path = Path(os.path.abspath(os.fspath(path)))
         self.lease_path = lease_path(self.path)
         self.lease_ttl = lease_ttl
+        self.journal_mode: JournalMode = journal_mode
+        self.busy_timeout_ms = busy_timeout_ms
         self.faults = faults
         self.files = files or OsFiles()
         self._lock = threading.Lock()
@@ -167,6 +214,7 @@ class SqliteBackend:
         self._keeper: threading.Thread | None = None
         self._keeper_wake = threading.Condition()
         self._quiet = threading.local()  # set on the keeper thread: bypass ``faults``
+        self._check_path()
 
     # -- statements ------------------------------------------------------------------------
 
@@ -178,47 +226,69 @@ class SqliteBackend:
 
     def _exec(self, db: sqlite3.Connection, sql: str, params: Sequence[Any] = ()) -> sqlite3.Cursor:
         self._hook(sql)
-        return db.execute(sql, params)
-
-    def _execmany(self, db: sqlite3.Connection, sql: str, rows: list[tuple[Any, ...]]) -> None:
-        self._hook(sql)
-        db.executemany(sql, rows)
+        try:
+            return db.execute(sql, params)
+        except UnicodeDecodeError as exc:
+            # A damaged page can hold text that is not UTF-8 (e.g. in the schema the
+            # opening checks read): a database error like any other damage, not a
+            # ValueError out of the backend (issue 16).
+            raise sqlite3.DatabaseError(f"database disk image is malformed: {exc}") from exc
 
     # -- connection ------------------------------------------------------------------------
 
-    def _create_file(self, path: Path) -> None:
-        """Create ``path``'s missing directories (fsynced) and the file itself (0600)
-        through the file layer; SQLite would create it world-readable. An existing
-        file is left alone (not even opened for writing)."""
+    def _check_path(self) -> None:
+        """The reference's path validation (its service init; again before every
+        connection): create the missing directories (0700, each parent fsynced), check
+        the directory, then the database if it exists, then (this port) the lease file
+        and the journal sidecars if they exist."""
+        parent = self.path.parent
         missing = []
-        p = path.parent
-        while not p.exists():
+        p = parent
+        while not os.path.lexists(p):
             missing.append(p)
             p = p.parent
-        for d in reversed(missing):
-            with contextlib.suppress(FileExistsError):
-                self.files.mkdir(str(d), 0o700)
-            self.files.fsync_dir(str(d.parent))
-        if not path.exists():
-            try:
-                fd = self.files.open(str(path), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            except FileExistsError:
-                return
+        try:
+            for d in reversed(missing):
+                with contextlib.suppress(FileExistsError):
+                    self.files.mkdir(str(d), 0o700)
+                self.files.fsync_dir(str(d.parent))
+        except OSError as exc:
+            raise StorageIOError(
+                f'creating the session database directory "{parent}" failed: {exc.strerror or exc}'
+            ) from exc
+        check_directory(parent)
+        check_file(self.path)
+        check_companions(self.path)
+
+    def _create_file(self, path: Path, what: str) -> None:
+        """Create ``path`` (0600, ``O_EXCL``: the reference's ``wx``; SQLite would create
+        it world-readable, and would follow a link planted meanwhile) through the file
+        layer, then check it. An existing file is left alone (not opened for writing)."""
+        try:
+            fd = self.files.open(str(path), os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_NOFOLLOW, 0o600)
+        except FileExistsError:
+            pass
+        else:
             self.files.close(fd)
             self.files.fsync_dir(str(path.parent))
+        check_file(path, what, missing_ok=False)
 
     def _conn(self) -> sqlite3.Connection:
         if self._db is not None:
             return self._db
-        # Read-only checks first: a foreign file is refused before anything touches it.
+        # Read-only checks first: an unsafe path or a foreign file is refused before
+        # anything touches it.
+        self._check_path()
         check_file_header(self.path)
         check_file_header(self.lease_path, "lease file")
         try:
-            self._create_file(self.path)
+            self._create_file(self.path, "session database")
         except OSError as exc:
             raise StorageIOError(f"creating session database {self.path} failed: {exc}") from exc
         try:
-            db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=5.0)
+            db = sqlite3.connect(
+                self.path, isolation_level=None, check_same_thread=False, timeout=self.busy_timeout_ms / 1000
+            )
         except sqlite3.Error as exc:
             raise StorageIOError(f"opening session database {self.path} failed: {exc}") from exc
         try:
@@ -241,27 +311,57 @@ class SqliteBackend:
         return db
 
     def _open(self, db: sqlite3.Connection) -> None:
-        """The reference's opening sequence: connection settings (no writes), identity
-        checks and a pristine database's schema in one ``BEGIN IMMEDIATE``, then the
-        journal mode and durability; then the lease file, the same way."""
+        """The reference's opening sequence (``openDatabase``): connection security
+        (``trusted_schema=OFF``, ``mmap_size=0``, each read back), identity checks and a
+        pristine database's schema in one ``BEGIN IMMEDIATE``, the journal mode (retried
+        every 10 ms while SQLite answers busy, until ``busy_timeout_ms`` after the start),
+        ``synchronous=FULL`` (read back); then the lease file, the same way."""
+        deadline = time.monotonic() + self.busy_timeout_ms / 1000
         ex = self._exec
+        where = f'session database at "{self.path}"'
         ex(db, "PRAGMA trusted_schema=OFF")
+        _expect(ex(db, "PRAGMA trusted_schema"), 0, f"{where} retained trusted_schema={{}}, expected 0")
         ex(db, "PRAGMA mmap_size=0")
+        _expect(ex(db, "PRAGMA mmap_size"), 0, f"{where} retained mmap_size={{}}, expected 0")
         ex(db, "PRAGMA foreign_keys=ON")
 
         def exec_(sql: str, params: Sequence[Any] = ()) -> sqlite3.Cursor:
             return ex(db, sql, params)
 
         self._in_txn(db, lambda: self._check_main(exec_))
-        mode = ex(db, "PRAGMA journal_mode=WAL").fetchone()[0]
-        if str(mode).lower() != "wal":
-            raise StorageIOError(f'session database at "{self.path}" selected journal mode {mode}, expected wal')
+        self._select_journal_mode(db, "", where, deadline)
         ex(db, "PRAGMA synchronous=FULL")
-        self._create_file(self.lease_path)
+        _expect(ex(db, "PRAGMA synchronous"), 2, f"{where} retained synchronous={{}}, expected FULL (2)")
+        try:
+            self._create_file(self.lease_path, "lease file")
+        except OSError as exc:
+            raise StorageIOError(f"creating lease file {self.lease_path} failed: {exc}") from exc
         ex(db, f"ATTACH DATABASE ? AS {LEASE_SCHEMA}", (str(self.lease_path),))
-        ex(db, f"PRAGMA {LEASE_SCHEMA}.journal_mode=WAL")
+        lease_where = f'lease file at "{self.lease_path}"'
+        self._select_journal_mode(db, f"{LEASE_SCHEMA}.", lease_where, deadline)
         ex(db, f"PRAGMA {LEASE_SCHEMA}.synchronous=FULL")
+        _expect(
+            ex(db, f"PRAGMA {LEASE_SCHEMA}.synchronous"), 2, f"{lease_where} retained synchronous={{}}, expected FULL (2)"
+        )
         self._in_txn(db, lambda: check_lease_file(exec_, self.lease_path, self._store_id))
+
+    def _select_journal_mode(self, db: sqlite3.Connection, schema: str, where: str, deadline: float) -> None:
+        """``PRAGMA <schema>journal_mode=<mode>``, retried every 10 ms while SQLite
+        answers ``SQLITE_BUSY`` (another connection holds the database) until
+        ``deadline``; the mode SQLite reports must be the one asked for."""
+        sql = f"PRAGMA {schema}journal_mode={self.journal_mode.upper()}"
+        while True:
+            try:
+                row = self._exec(db, sql).fetchone()
+                break
+            except sqlite3.OperationalError as exc:
+                remaining = deadline - time.monotonic()
+                if (getattr(exc, "sqlite_errorcode", 0) or 0) & 0xFF != sqlite3.SQLITE_BUSY or remaining <= 0:
+                    raise
+                time.sleep(min(_JOURNAL_BUSY_RETRY, remaining))
+        selected = str(row[0]).lower() if row else ""
+        if selected != self.journal_mode:
+            raise StorageIOError(f"{where} selected journal mode {selected}, expected {self.journal_mode}")
 
     def _check_main(self, exec_: Any) -> None:
         if check_database(exec_, self.path):
@@ -438,7 +538,6 @@ class SqliteBackend:
     ) -> None:
         sid = header["id"]
         params = _session_params(sid, header)
-        rows = bind_records(sid, records, pack=True)
         with self._txn() as db:
             self._check_lease(db, sid, lease, len(records))
             if self._exec(db, "SELECT 1 FROM sessions WHERE id = ?", (sid,)).fetchone():
@@ -451,16 +550,27 @@ class SqliteBackend:
                 f"INSERT INTO sessions ({_SESSION_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 0)",
                 params,
             )
-            self._insert(db, sid, rows, 0)
+            self._insert(db, sid, records, 0)
 
-    def _insert(self, db: sqlite3.Connection, sid: str, rows: list[tuple[Any, ...]], next_seq: int) -> None:
-        if rows and rows[0][1] != next_seq:
-            raise SessionCorruptionError(
-                f"session {sid} append starts at seq {rows[0][1]}, stored next seq is {next_seq}",
-                session_id=sid,
-            )
-        if rows:
-            self._execmany(db, INSERT, rows)
+    def _insert(self, db: sqlite3.Connection, sid: str, records: list[dict[str, Any]], next_seq: int) -> None:
+        """Insert a batch's rows (chunk runs packed), which must start at ``next_seq``,
+        and bump the revision. The rows are bound while they are inserted, segment by
+        segment (:func:`bind_segments`): a record the schema cannot hold raises
+        :class:`RecordEncodingError` and the transaction rolls the batch back. The
+        fault layer sees the batch's insert as one statement (:data:`INSERT`)."""
+        segments = bind_segments(sid, records, pack=True)
+        first = next(segments, None)
+        if first is not None:
+            start = first[1][0][1]
+            if start != next_seq:
+                raise SessionCorruptionError(
+                    f"session {sid} append starts at seq {start}, stored next seq is {next_seq}",
+                    session_id=sid,
+                )
+            self._hook(INSERT)
+            db.executemany(*first)
+            for sql, rows in segments:
+                db.executemany(sql, rows)
         self._bump(db, sid)
 
     def _bump(self, db: sqlite3.Connection, sid: str) -> None:
@@ -495,10 +605,9 @@ class SqliteBackend:
         caller's lease: a lost lease raises :class:`LeaseLostError`, nothing lands."""
         if not records:
             return
-        rows = bind_records(session_id, records, pack=True)
         with self._txn() as db:
             self._check_lease(db, session_id, lease, len(records))
-            self._insert(db, session_id, rows, self._next_seq(db, session_id))
+            self._insert(db, session_id, records, self._next_seq(db, session_id))
 
     def commit_repair(
         self,
@@ -513,7 +622,7 @@ class SqliteBackend:
         append the closers ``records`` (they must start at the stored next seq)."""
         if truncate_to is None and not records:
             return
-        rows = bind_records(session_id, records, pack=False)
+        segments = list(bind_segments(session_id, records, pack=False))
         sid = session_id
         with self._txn() as db:
             self._check_lease(db, sid, lease, len(records))
@@ -532,14 +641,17 @@ class SqliteBackend:
                 raise SessionCorruptionError(
                     f"session {sid} repair omitted current torn tail at seq {torn}", session_id=sid
                 )
-            if rows:
+            if segments:
                 expected = int(events[-1]["seq"]) + 1 if events else 0
-                if rows[0][1] != expected:
+                start = segments[0][1][0][1]
+                if start != expected:
                     raise SessionCorruptionError(
-                        f"session {sid} repair is stale: closer starts at seq {rows[0][1]}, stored next seq is {expected}",
+                        f"session {sid} repair is stale: closer starts at seq {start}, stored next seq is {expected}",
                         session_id=sid,
                     )
-                self._execmany(db, INSERT, rows)
+                self._hook(INSERT)
+                for sql, rows in segments:
+                    db.executemany(sql, rows)
             self._bump(db, sid)
 
     def delete(self, session_id: str) -> None:
@@ -708,6 +820,17 @@ class _LeaseRow(WriterLease):
 
     def __repr__(self) -> str:
         return f"<sqlite lease {self.session_id!r} fence {self.fence}>"
+
+
+_O_NOFOLLOW: Final = getattr(os, "O_NOFOLLOW", 0)
+
+
+def _expect(cursor: sqlite3.Cursor, want: int, message: str) -> None:
+    """A connection setting read back must be ``want`` (``message`` formats the value)."""
+    row = cursor.fetchone()
+    got = None if row is None else row[0]
+    if got != want:
+        raise StorageIOError(message.format(got))
 
 
 # -- lease helpers ---------------------------------------------------------------------------

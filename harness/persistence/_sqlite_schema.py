@@ -21,17 +21,29 @@ before any statement that writes, in the reference's order and with its wording;
 file that is not empty and not a SQLite database is refused before it is even opened
 (:func:`check_file_header`), since SQLite would treat a file shorter than a page as an
 empty database and write over it.
+
+Path checks (reference ``validatePath``, ``validateParentDirectory``,
+``validateDatabaseFile``), before SQLite opens anything: the database's directory must be
+a real directory (not a symbolic link) owned by the current user and not group- or
+world-writable; the database, when it exists, a regular file (not a symbolic link) owned
+by the current user with no group or world permission bit. The same file rule covers
+what this port keeps beside it (:func:`check_companions`): the lease file and the
+journal sidecars SQLite creates (``-wal``, ``-shm``, ``-journal``; SQLite gives them the
+database's mode, so they are 0600 too). Off POSIX (no ``os.getuid``) only the
+kind-of-file checks apply, as in the reference.
 """
 
 from __future__ import annotations
 
+import os
 import re
 import sqlite3
+import stat
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Final
 
-from harness.errors import SqliteSchemaError, StorageIOError
+from harness.errors import SqliteSchemaError, StorageIOError, UnsafeStoragePathError
 
 APPLICATION_ID: Final = 0x44534850  # "DSHP", the reference's
 SCHEMA_VERSION: Final = 17
@@ -105,6 +117,72 @@ _UUID: Final = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[1-8][0-9a-f]{3}-[89ab][0-9
 
 Exec = Callable[..., sqlite3.Cursor]
 """``exec(sql, params=())``: the backend's statement hook (counted by the fault layer)."""
+
+
+#: The journal sidecars SQLite keeps beside a database (WAL, its shared-memory index,
+#: the rollback journal of the non-WAL modes).
+SIDECAR_SUFFIXES: Final = ("-wal", "-shm", "-journal")
+
+
+def _current_uid() -> int | None:
+    getuid = getattr(os, "getuid", None)
+    return None if getuid is None else int(getuid())
+
+
+def _lstat(path: Path, what: str) -> os.stat_result | None:
+    try:
+        return os.lstat(path)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise StorageIOError(f'{what} "{path}" cannot be inspected: {exc.strerror or exc}') from exc
+
+
+def check_directory(path: Path) -> None:
+    """The database's directory (reference ``validateParentDirectory``): a real
+    directory, owned by the current user, not group/world-writable."""
+    st = _lstat(path, "session database parent")
+    if st is None:
+        raise StorageIOError(f'session database parent "{path}" does not exist')
+    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+        raise UnsafeStoragePathError(f'session database parent "{path}" must be a real directory', path=path)
+    uid = _current_uid()
+    if uid is not None and (st.st_uid != uid or st.st_mode & 0o022):
+        raise UnsafeStoragePathError(
+            f'session database parent "{path}" must be owned by the current user and not group/world-writable',
+            path=path,
+        )
+
+
+def check_file(path: Path, what: str = "session database", *, missing_ok: bool = True) -> bool:
+    """A database file (reference ``validateDatabaseFile``): a regular file, not a
+    symbolic link, owned by the current user, no group/world permission bit. Returns
+    whether it exists (absent is refused unless ``missing_ok``)."""
+    st = _lstat(path, what)
+    if st is None:
+        if missing_ok:
+            return False
+        raise StorageIOError(f'{what} "{path}" does not exist')
+    if stat.S_ISLNK(st.st_mode) or not stat.S_ISREG(st.st_mode):
+        raise UnsafeStoragePathError(f'{what} "{path}" must be a regular file, not a symbolic link', path=path)
+    uid = _current_uid()
+    if uid is not None and (st.st_uid != uid or st.st_mode & 0o077):
+        raise UnsafeStoragePathError(
+            f'{what} "{path}" must be owned by the current user and accessible only by that user', path=path
+        )
+    return True
+
+
+def check_companions(db_path: Path) -> None:
+    """This port's addition to the reference's checks: the lease file and every journal
+    sidecar (of the database and of the lease file) that exists obey the database
+    file's rule, so SQLite never follows a planted link nor appends to a file others
+    can read."""
+    lease = lease_path(db_path)
+    check_file(lease, "lease file")
+    for base in (db_path, lease):
+        for suffix in SIDECAR_SUFFIXES:
+            check_file(Path(f"{base}{suffix}"), "session database journal")
 
 
 def lease_path(db_path: str | Path) -> Path:

@@ -2,19 +2,24 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import threading
+import time
 from collections.abc import Awaitable, Callable
-from typing import Any, Final, TypeVar
+from typing import TYPE_CHECKING, Any, Final, Generic, TypeVar
 
 import attrs
+import outcome
 import trio
 
-import actors
 from harness.errors import FlushError, PersistenceError, WriterWedgedError
 from harness.persistence._backend import Backend, WriterLease
 from harness.session import Event, Session, event_to_record
+
+if TYPE_CHECKING:
+    from harness.runtime import Warnings
 
 log = logging.getLogger("harness.persistence")
 
@@ -25,6 +30,10 @@ log = logging.getLogger("harness.persistence")
 WRITE_WAIT_LIMIT: float = 30.0
 
 T = TypeVar("T")
+
+#: Seconds the write-behind window task of a writer lingers with no window armed before
+#: it ends (the next window starts a new one).
+WINDOW_TASK_LINGER: Final = 5.0
 
 
 class WaitOverrun(Exception):
@@ -49,23 +58,94 @@ async def release_lease(lease: WriterLease) -> None:
 
 async def run_storage_call(fn: Callable[[], T], *, limiter: trio.CapacityLimiter | None = None) -> T:
     """Run blocking ``fn`` on a worker thread, shielded from cancellation but bounded
-    by :data:`WRITE_WAIT_LIMIT` seconds (:func:`actors.run_bounded`: on the Trio clock
-    *and* the wall clock, so a test's autojumping ``MockClock`` cannot make a real
-    write "overrun").
+    by :data:`WRITE_WAIT_LIMIT` seconds on the Trio clock *and* the wall clock (as
+    :func:`actors.run_bounded`, so a test's autojumping ``MockClock`` cannot make a
+    real write "overrun").
 
     Cancellation: the caller's cancellation does not interrupt the wait (the storage
     call either completes or fails; a cancelled caller gets ``Cancelled`` at its next
     checkpoint). Raises :class:`WaitOverrun` if the limit passes first; the thread is
-    then abandoned and still runs ``fn`` to its end.
+    then abandoned and still runs ``fn`` to its end. A call still queued for a worker
+    thread when the bound passes never runs.
     """
-    box: list[T] = []
+    # The common case costs one thread hop and nothing else: one shielded scope whose
+    # deadline is the Trio-clock half of the bound. No watchdog task (a nursery, a
+    # spawn and a cancellation per call were most of a durable single append's Trio
+    # overhead, issue 15). Only when that deadline fires -- a real overrun, or a
+    # virtual clock that jumped -- does the slow path below look at the wall clock.
+    limit = WRITE_WAIT_LIMIT
+    started = time.monotonic()
+    deadline = trio.current_time() + limit
+    while True:
+        call = _BoundedCall(fn)
+        with trio.CancelScope(shield=True, deadline=deadline):
+            result = await trio.to_thread.run_sync(call.run, abandon_on_cancel=True, limiter=limiter)
+            return result.unwrap()
+        # The Trio deadline passed with the call still out.
+        if not call.withdraw_if_queued():
+            return await call.wait_out(started, limit, deadline)
+        # It never reached a worker thread (it was queued behind the limiter) and now
+        # never will: if the wall clock says the bound has not passed (a virtual
+        # clock jumped), queue it again, else give up on it.
+        if time.monotonic() - started >= limit:
+            raise WaitOverrun(f"storage call still queued after {limit} s")
+        deadline = trio.current_time() + max(limit - (time.monotonic() - started), 0.0)
 
-    async def call() -> None:
-        box.append(await trio.to_thread.run_sync(fn, abandon_on_cancel=True, limiter=limiter))
 
-    if not await actors.run_bounded(call, WRITE_WAIT_LIMIT, shield=True):
-        raise WaitOverrun(f"storage call still running after {WRITE_WAIT_LIMIT} s")
-    return box[0]
+class _BoundedCall(Generic[T]):
+    """One storage call between the Trio side and a worker thread (see
+    :func:`run_storage_call`): the thread runs it unless the Trio side withdrew it
+    first, and reports its outcome to a Trio waiter only if one asked (the common
+    case, a waiter still inside ``to_thread.run_sync``, needs no extra wake-up)."""
+
+    def __init__(self, fn: Callable[[], T]) -> None:
+        self._fn = fn
+        self._mutex = threading.Lock()
+        self._started = False
+        self._withdrawn = False
+        self._outcome: outcome.Outcome[T] | None = None
+        self._waiter: tuple[trio.lowlevel.TrioToken, trio.Event] | None = None
+
+    def run(self) -> outcome.Outcome[T]:
+        """Worker thread."""
+        with self._mutex:
+            if self._withdrawn:
+                return outcome.Error(WaitOverrun("withdrawn before it started"))
+            self._started = True
+        result: outcome.Outcome[T] = outcome.capture(self._fn)
+        with self._mutex:
+            self._outcome = result
+            waiter = self._waiter
+        if waiter is not None:
+            token, done = waiter
+            with contextlib.suppress(trio.RunFinishedError):
+                token.run_sync_soon(done.set)
+        return result
+
+    def withdraw_if_queued(self) -> bool:
+        """Trio side, after the wait was cut: withdraw the call if no thread started
+        it yet (True: it never runs)."""
+        with self._mutex:
+            if not self._started:
+                self._withdrawn = True
+            return self._withdrawn
+
+    async def wait_out(self, started: float, limit: float, deadline: float) -> T:
+        """Trio side: wait for a started call until the bound passes on both clocks;
+        its result, or :class:`WaitOverrun` (the thread runs on, abandoned)."""
+        done = trio.Event()
+        with self._mutex:
+            if self._outcome is None:
+                self._waiter = (trio.lowlevel.current_trio_token(), done)
+        while True:
+            result = self._outcome
+            if result is not None:
+                return result.unwrap()
+            remaining = limit - (time.monotonic() - started)
+            if remaining <= 0 and trio.current_time() >= deadline:
+                raise WaitOverrun(f"storage call still running after {limit} s")
+            with trio.CancelScope(shield=True, deadline=trio.current_time() + max(remaining, 0.0)):
+                await done.wait()
 
 
 @attrs.frozen
@@ -110,8 +190,10 @@ class SessionWriter:
         cursor: int,
         lease: WriterLease | None,
         before_first_write: Callable[[], Awaitable[None]] | None = None,
+        warnings: Warnings | None = None,
     ) -> None:
         self.backend = backend
+        self.warnings = warnings  # the store's channel: background failures go there too
         self.session = session
         self.id = session.id
         self._header = session.header.to_record()
@@ -123,8 +205,9 @@ class SessionWriter:
         self.queued = cursor  # next seq to buffer
         self.pending: list[dict[str, Any]] = []
         self._lock = trio.Lock()
-        self._window = 0  # generation of the armed window (0: none armed)
-        self._window_scope: trio.CancelScope | None = None
+        self._due = math.inf  # Trio-clock deadline of the armed window (inf: none armed)
+        self._window_task = False  # the window task (:meth:`_run_windows`) is running
+        self._window_scope: trio.CancelScope | None = None  # its sleep, while it sleeps
         self._paused = False
         self.failure: BaseException | None = None
         self.wedged: str | None = None  # why the writer fails closed
@@ -159,40 +242,72 @@ class SessionWriter:
         self._arm()
 
     def _disarm(self) -> None:
-        # A flush takes over the armed window: stop its sleep so that the task does
-        # not outlive the work (and pin a retired session in memory).
-        self._window = 0
-        if self._window_scope is not None:
+        # A flush takes over the armed window. The window task's sleep is left as it
+        # is: woken at its old deadline it finds nothing due and sleeps on until the
+        # next window. (Moving a cancel scope's deadline, or spawning and cancelling a
+        # task, on every append + flush was a measurable share of a durable single
+        # append, issue 15.) Once the writer is closed the task ends, so it does not
+        # outlive the work (and pin a retired session in memory).
+        self._due = math.inf
+        if self.closed and self._window_scope is not None:
             self._window_scope.cancel()
-            self._window_scope = None
 
     def _arm(self) -> None:
-        if self._window or self._paused or self.closed:
+        if self._due != math.inf or self._paused or self.closed:
             return
-        self._window = generation = id(object())
-        self._nursery.start_soon(self._run_window, generation)
+        self._due = due = trio.current_time() + self._delay
+        scope = self._window_scope
+        if scope is not None:
+            if scope.deadline > due:  # sleeping with no (or a later) deadline: wake it then
+                scope.deadline = due
+        elif not self._window_task:
+            self._window_task = True
+            self._nursery.start_soon(self._run_windows)
+        # else: the window task is writing; its next sleep reads ``_due``.
 
-    async def _run_window(self, generation: int) -> None:
-        with trio.CancelScope() as scope:
-            self._window_scope = scope
-            await trio.sleep(self._delay)
-        if self._window_scope is scope:
+    async def _run_windows(self) -> None:
+        """The write-behind window task: sleeps until the armed window's deadline
+        (``_due``), writes the buffer, sleeps again; ends when the writer closes or
+        after :data:`WINDOW_TASK_LINGER` seconds with no window armed. Cancellation:
+        ends the task (a write in progress is shielded)."""
+        try:
+            while not self.closed:
+                # Disarmed, it lingers a while for the next window (a stream of
+                # append + flush reuses it), then ends: an idle session holds no task.
+                idle_until = trio.current_time() + WINDOW_TASK_LINGER
+                with trio.CancelScope(deadline=min(self._due, idle_until)) as scope:
+                    self._window_scope = scope
+                    await trio.sleep_forever()
+                self._window_scope = None
+                now = trio.current_time()
+                if self._due == math.inf and now >= idle_until:
+                    return  # nothing armed for a while; the next window spawns a new task
+                if self.closed or now < self._due:
+                    continue  # closed, disarmed (a flush took over) or re-armed later
+                self._due = math.inf
+                await self._window_write()
+        finally:
             self._window_scope = None
-        if self._window != generation:
-            return  # a flush took over (and cancelled the sleep)
-        self._window = 0
+            self._window_task = False
+
+    async def _window_write(self) -> None:
         try:
             await self._write_some()
         except Exception as exc:
             # Never into the nursery: a background failure must not tear the runtime
             # down. It is retained (self.failure) and surfaces at the next flush.
             self._paused = True
-            log.warning(
-                '%s: background write for session "%s" failed (buffered events retained): %s',
-                self.backend.name,
-                self.id,
-                exc.__cause__ or exc,
+            cause = exc.__cause__ or exc
+            message = (
+                f'{self.backend.name}: background write for session "{self.id}" failed '
+                f"(buffered events retained): {cause}"
             )
+            if self.warnings is None:
+                log.warning("%s", message)
+            else:
+                self.warnings.report(
+                    log, "write-failed", "background-write", message, session_id=self.id, error=cause
+                )
 
     # -- writing ---------------------------------------------------------------------------
 

@@ -542,7 +542,10 @@ class _ReplyMapper:
             fn = fragment.get("function")
             named = isinstance(fn, dict) and bool(fn.get("name"))
             last = self._calls[max(self._calls)] if self._calls else None
-            new = last is None or (fid and fid not in {c.id for c in self._calls.values()}) or (named and last.name)
+            # Only a string id names a call (a list id from a broken server would be
+            # unhashable here: issue 16).
+            fresh_id = isinstance(fid, str) and fid and fid not in {c.id for c in self._calls.values()}
+            new = last is None or fresh_id or (named and last.name)
             key = len(self._calls) if new else max(self._calls)
         call = self._calls.get(key)
         if call is None:

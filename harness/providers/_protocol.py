@@ -88,7 +88,12 @@ class ModelProvider(Protocol):
 
     name: str
     model: str
-    context_window: int | None
+
+    @property
+    def context_window(self) -> int | None:
+        """The model's context window in tokens (``None``: unknown). Read-only here, so
+        a provider may expose it as a plain attribute or as a property."""
+        ...
 
     def stream(self, request: ModelRequest) -> AsyncIterator[StreamChunk]: ...
 

@@ -26,6 +26,7 @@ from harness.runtime._messages import (
     MeasureReply,
     Prune,
 )
+from harness.runtime._snapshot import SessionSnapshot, take_snapshot
 from harness.session import (
     Event,
     EventDraft,
@@ -51,10 +52,12 @@ class Entry:
     validator and its state (see ``Store.install_validator``).
     """
 
-    __slots__ = ("announced", "companions", "detached", "handle", "ref", "session")
+    __slots__ = ("announced", "companions", "detached", "handle", "ref", "session", "snapshot")
 
     def __init__(self, session: Session) -> None:
         self.session = session
+        # The last snapshot read, reused while the log has not grown (see _snapshot.py).
+        self.snapshot: SessionSnapshot | None = None
         self.ref: ActorRef[Any] | None = None
         self.announced = False
         self.detached = False
@@ -83,11 +86,18 @@ class SessionHandle:
 
     @property
     def alive(self) -> bool:
+        """Whether this handle names its store's live instance of the session."""
         return self._store._live_entry(self.id) is self._entry
 
     @property
     def announced(self) -> bool:
+        """Whether ``session/created`` was emitted for this session."""
         return self._entry.announced
+
+    @property
+    def store(self) -> Store:
+        """The store this handle belongs to."""
+        return self._store
 
     def _ref(self) -> ActorRef[Any]:
         if not self.alive or self._entry.ref is None:
@@ -109,9 +119,42 @@ class SessionHandle:
             ) from exc
 
     # -- immutable reads (no round trip) ----------------------------------------------
+    #
+    # Synchronous and never blocking: the session actor changes its Session only in
+    # synchronous code, so a read here never sees half a mutation. They keep working on
+    # a stale handle (the session as it was when it was detached).
+
+    def snapshot(self) -> SessionSnapshot:
+        """The session's header, events, surface, generation and derived messages, read
+        together (see :class:`~harness.runtime.SessionSnapshot`).
+
+        No actor round trip and no checkpoint. The same object until the next commit;
+        a held snapshot never changes. An append or replace whose call has returned is
+        in every snapshot taken after the return.
+        """
+        entry = self._entry
+        snap = entry.snapshot
+        # A replace is an append too: the log length alone says whether anything changed.
+        if snap is None or snap.seq != entry.session.seq:
+            snap = entry.snapshot = take_snapshot(entry.session)
+        return snap
+
+    @property
+    def messages(self) -> MessageList:
+        """The model-visible messages (``snapshot().messages``; no actor round trip)."""
+        return self.snapshot().messages
+
+    def events_until(self, end: int) -> EventLog:
+        """The first ``end`` events, an O(1) immutable view (``snapshot().events_until``).
+
+        Raises:
+            SessionArgumentError: ``end`` is outside ``0 .. seq``.
+        """
+        return self.snapshot().events_until(end)
 
     @property
     def header(self) -> SessionHeader:
+        """The session header (immutable; no actor round trip)."""
         return self._entry.session.header
 
     @property
@@ -121,10 +164,12 @@ class SessionHandle:
 
     @property
     def seq(self) -> int:
+        """The next seq, i.e. the log length (no actor round trip)."""
         return self._entry.session.seq
 
     @property
     def first_live_seq(self) -> int:
+        """How many events the live session was constructed with (its seed)."""
         return self._entry.session.first_live_seq
 
     @property
@@ -315,6 +360,12 @@ class SessionHandle:
 
         Cancellation: only the wait is cancelled.
         """
+        if self._ref().idle:
+            # Nothing queued and the actor waits for work: everything sent before
+            # the call is handled already; skip the round trip (one per durable
+            # flush, issue 15), keep the checkpoint.
+            await trio.lowlevel.checkpoint()
+            return
         await self._call(Barrier())
 
     async def flush(self) -> bool:

@@ -10,9 +10,11 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from harness.errors import AsyncListenerError
+from harness.runtime._scopes import Scoped
 
 if TYPE_CHECKING:
     from harness.runtime._handles import SessionHandle
+    from harness.runtime._warnings import Warnings
     from harness.session import Event
 
 log = logging.getLogger("harness.store")
@@ -39,7 +41,10 @@ class Listeners:
     * ``pre_commit`` hooks run in the session actor between plan and commit; a raise
       vetoes the append (nothing is logged).
     * ``event`` runs in the session actor right after a commit; a raise is logged
-      and never fails or rolls back the append; later listeners still run.
+      and never fails or rolls back the append; later listeners still run. The set
+      is resolved once per commit: a listener registered during the dispatch is not
+      called for it; one unsubscribed during it still hears the event being
+      dispatched, but none of the batch's later events.
     * ``disposed`` runs when an announced session is detached; same containment.
     * ``flush`` listeners may be async (or plain functions); ``store.flush`` runs
       them concurrently and raises the first failure in listener order.
@@ -55,25 +60,47 @@ class Listeners:
     append to the same session) is queued behind the current message. That replaces
     the reference's "append cannot reenter while another append is being published"
     rejection with ordering.
+
+    A contained failure (``event``, ``disposed``) is logged on ``harness.store`` and
+    reported to ``warnings`` (the store's channel) as ``listener-failed``.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, warnings: Warnings | None = None) -> None:
+        if warnings is None:
+            from harness.runtime._warnings import Warnings  # it imports this module
+
+            warnings = Warnings()
+        self.warnings = warnings
         self.created: list[CreatedListener] = []
-        self.event: list[EventListener] = []
+        self.event: list[EventListener] = Registry()
         self.disposed: list[DisposedListener] = []
         self.pre_commit: list[PreCommitHook] = []
         self.flush: list[FlushListener] = []
 
     def emit_event(self, handle: SessionHandle, events: tuple[Event, ...]) -> None:
-        for listener in list(self.event):
+        # The set is resolved once per commit (reference §7: before the commit), but a
+        # listener unsubscribed while a batch is dispatched hears none of its later
+        # events (the reference dispatches one append at a time and resolves each).
+        listeners = self.event
+        removals = getattr(listeners, "removals", 0)
+        for listener in list(listeners):
+            later = False
             for ev in events:
+                if later and getattr(listeners, "removals", 0) != removals and not _registered(listeners, listener):
+                    break
+                later = True
                 try:
                     result: Any = listener(handle, ev)
                     if result is not None:
                         refuse_awaitable("session/event", listener, result)
                 except Exception as exc:
-                    log.warning(
-                        'session "%s": session/event listener threw: %s', handle.id, describe(exc)
+                    self.warnings.report(
+                        log,
+                        "listener-failed",
+                        "session/event",
+                        f'session "{handle.id}": session/event listener threw: {describe(exc)}',
+                        session_id=handle.id,
+                        error=exc,
                     )
 
     def emit_disposed(self, handle: SessionHandle) -> None:
@@ -83,12 +110,24 @@ class Listeners:
                 if result is not None:
                     refuse_awaitable("session/disposed", listener, result)
             except Exception as exc:
-                log.warning(
-                    'session "%s": session/disposed listener threw: %s', handle.id, describe(exc)
+                self.warnings.report(
+                    log,
+                    "listener-failed",
+                    "session/disposed",
+                    f'session "{handle.id}": session/disposed listener threw: {describe(exc)}',
+                    session_id=handle.id,
+                    error=exc,
                 )
 
     async def run_flush(self, handle: SessionHandle) -> bool:
-        listeners = list(self.flush)
+        """Run the flush listeners that hear ``handle`` (a scoped one only for a session
+        of its scope) concurrently; raise the first failure in listener order; return
+        whether any listener heard it.
+
+        Cancellation: propagates to the listeners, and a bare ``Cancelled`` (never a
+        group of them) is raised once they have all ended.
+        """
+        listeners = [fn for fn in self.flush if not isinstance(fn, Scoped) or fn.hears(handle)]
         if not listeners:
             return False
         failures: list[BaseException | None] = [None] * len(listeners)
@@ -120,6 +159,21 @@ class Listeners:
             if failure is not None:
                 raise failure
         return True
+
+
+class Registry(list[Any]):
+    """A listener list that counts the removals of :func:`subscribe`'s unsubscribes, so
+    a dispatch can tell cheaply whether its resolved set is still current."""
+
+    __slots__ = ("removals",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.removals = 0
+
+
+def _registered(items: list[Any], item: object) -> bool:
+    return any(registered is item for registered in items)
 
 
 def _only_cancelled(group: BaseExceptionGroup[BaseException]) -> trio.Cancelled | None:
@@ -180,11 +234,25 @@ def refuse_awaitable(kind: str, listener: object, result: object) -> None:
 
 
 def subscribe(items: list[Any], item: Any) -> Callable[[], None]:
-    """Add ``item`` to ``items``; return an idempotent unsubscribe function."""
+    """Add ``item`` to ``items``; return an idempotent unsubscribe function.
+
+    The unsubscribe removes this registration only, once: a callable registered twice
+    stays registered once after one of its unsubscribes (called any number of times),
+    and an equal but distinct callable (``==`` without ``is``) is never removed.
+    """
     items.append(item)
+    removed = False
 
     def remove() -> None:
-        if item in items:
-            items.remove(item)
+        nonlocal removed
+        if removed:
+            return
+        removed = True
+        for i, registered in enumerate(items):  # by identity, not ==
+            if registered is item:
+                del items[i]
+                if type(items) is Registry:
+                    items.removals += 1
+                return
 
     return remove

@@ -121,6 +121,9 @@ class Adopt:
 @attrs.frozen
 class Enter:
     prepared: Any
+    # The session's routing scope (an actors.Owner) captured at enter: scoped
+    # listeners of that owner or an ancestor hear it. Scope only: not owner-bound.
+    scope: Any = None
 
 
 @attrs.frozen
@@ -138,6 +141,7 @@ class Create:
     session_id: str | None
     seed: Sequence[Any] | None
     meta: dict[str, Any]
+    owner: Any = None  # an actors.Owner: the scope, and closing it detaches the session
 
 
 @attrs.frozen
@@ -145,6 +149,7 @@ class Fork:
     source: Any
     boundary: object
     child_id: str | None
+    owner: Any = None  # as Create's
 
 
 @attrs.frozen

@@ -17,6 +17,7 @@ from actors import (
     ActorRef,
     ActorRuntime,
     ActorStoppedError,
+    Owner,
     Rejected,
     Supervisor,
 )
@@ -30,7 +31,6 @@ from harness.errors import (
     SessionAlreadyExistsError,
     SessionArgumentError,
     SessionAttachedError,
-    SessionError,
     SessionNotLiveError,
     StoreError,
 )
@@ -59,8 +59,10 @@ from harness.runtime._messages import (
     List,
     Prepare,
 )
+from harness.runtime._scopes import Binding, Scoped, check_owner
 from harness.runtime._session_actor import SessionActor
-from harness.session import AppendValidator, Clock, Event, Session, wall_clock_ms
+from harness.runtime._warnings import Warnings
+from harness.session import AppendValidator, Clock, Event, Session, check_session_id, wall_clock_ms
 
 log = logging.getLogger("harness.store")
 
@@ -121,10 +123,10 @@ def _not_live(value: object) -> SessionNotLiveError:
 
 
 def _check_id(value: object) -> str:
-    # Before any lookup: an unhashable id must be an answer, not a store-actor crash.
-    if type(value) is not str or not value:
-        raise SessionError(f"session id must be a non-empty string, got {value!r}")
-    return value
+    # Before any lookup: an unhashable id must be an answer, not a store-actor crash;
+    # and a new id that storage cannot name must be refused here, not by the first
+    # write-behind flush (issue 16, docs/limits.md).
+    return check_session_id(value)
 
 
 class _Checked:
@@ -201,8 +203,9 @@ class StoreActor(Actor[Any]):
     async def handle(self, message: Any) -> Any:
         t = type(message)
         if t is Create:
+            check_owner(message.owner, "create", message.session_id)
             prepared = self._prepare(message.session_id, message.seed, message.meta)
-            handle = self._enter(prepared)
+            handle = self._enter(prepared, message.owner, bound=True, what="create")
             try:
                 self._announce(handle)
             except BaseException:
@@ -220,7 +223,7 @@ class StoreActor(Actor[Any]):
                 raise SessionAlreadyExistsError(f'session "{session.id}" already exists', session_id=session.id)
             return PreparedSession(session)
         if t is Enter:
-            return self._enter(message.prepared)
+            return self._enter(message.prepared, message.scope)
         if t is Announce:
             self._announce(message.handle)
             return None
@@ -228,7 +231,8 @@ class StoreActor(Actor[Any]):
             await self._detach(message.handle)
             return None
         if t is Fork:
-            return await self._fork(message.source, message.boundary, message.child_id)
+            check_owner(message.owner, "fork", message.child_id)
+            return await self._fork(message.source, message.boundary, message.child_id, message.owner)
         if t is Get:
             sid = message.session_id
             entry = self.store._entries.get(sid) if type(sid) is str else None
@@ -267,8 +271,15 @@ class StoreActor(Actor[Any]):
         session = Session.create(sid, seed, header, clock=store.clock)
         return PreparedSession(session)
 
-    def _enter(self, prepared: PreparedSession) -> SessionHandle:
+    def _enter(
+        self, prepared: PreparedSession, scope: Owner | None = None, *, bound: bool = False, what: str = "enter"
+    ) -> SessionHandle:
+        """Make ``prepared`` live, with ``scope`` as its routing scope; ``bound``: the
+        scope owns it (closing the owner detaches it). Synchronous: the owner's check
+        and its cleanup's registration are atomic with the enter."""
         store = self.store
+        if scope is not None:
+            check_owner(scope, what, getattr(prepared, "id", None))
         if type(prepared) is not PreparedSession:
             if type(prepared) is Session:
                 raise SessionArgumentError(
@@ -297,6 +308,9 @@ class StoreActor(Actor[Any]):
         entry.ref = store._runtime.spawn(SessionActor(session, store.listeners, handle))
         store._entries[sid] = entry
         _ATTACHED[session] = entry
+        if scope is not None:
+            release = scope.defer(lambda: store._detach_owned(handle), name=f'detach session "{sid}"') if bound else None
+            store._bindings[entry] = Binding(scope, release)
         return handle
 
     def _announce(self, handle: SessionHandle) -> None:
@@ -334,13 +348,18 @@ class StoreActor(Actor[Any]):
             del store._entries[handle.id]
         _release(entry)  # drained: the Session object may be entered again
         if entry.announced:
-            store.listeners.emit_disposed(handle)
+            store.listeners.emit_disposed(handle)  # routed by the scope captured at enter
+        binding = store._bindings.pop(entry, None)
+        if binding is not None and binding.release is not None:
+            binding.release()  # detached: its owner has nothing left to detach
         # Entry and handle refer to each other: unlink them, so a retired session is
         # freed by reference counting as soon as no stale handle names it (a cycle
         # would keep its whole log for the collector to find, late if it was promoted).
         entry.handle = None
 
-    async def _fork(self, source: Any, boundary: object, child_id: str | None) -> SessionHandle:
+    async def _fork(
+        self, source: Any, boundary: object, child_id: str | None, owner: Owner | None = None
+    ) -> SessionHandle:
         store = self.store
         if child_id is not None:
             _check_id(child_id)
@@ -371,7 +390,7 @@ class StoreActor(Actor[Any]):
                 f'session "{sid}" is not the live store instance', session_id=sid
             ) from exc
         prepared = PreparedSession(child)
-        handle = self._enter(prepared)
+        handle = self._enter(prepared, owner, bound=True, what="fork")
         try:
             self._announce(handle)
         except BaseException:
@@ -407,6 +426,8 @@ class Store:
         self._companions: list[_Companion] = []
         self._ref: ActorRef[Any] = runtime.spawn(StoreActor(self))
         self._closed = False
+        # Per live session entered with a scope (see _scopes): owned by the store actor.
+        self._bindings: dict[Entry, Binding] = {}
         if validator_factory is not None:
             self.install_validator(validator_factory)
 
@@ -416,9 +437,66 @@ class Store:
             return None
         return entry
 
+    def _scope_of(self, entry: Entry) -> Owner | None:
+        binding = self._bindings.get(entry)
+        return None if binding is None else binding.scope
+
+    def scope_of(self, handle: SessionHandle) -> Owner | None:
+        """The owner ``handle``'s session was entered with (its routing scope), or
+        ``None``; kept until its ``session/disposed`` was dispatched.
+
+        Raises:
+            SessionNotLiveError: ``handle`` is not a :class:`SessionHandle`.
+        """
+        if type(handle) is not SessionHandle:
+            raise _not_live(handle)
+        return self._scope_of(handle._entry)
+
+    async def _detach_owned(self, handle: SessionHandle) -> None:
+        """An owner's cleanup: detach the session it owns. Runs in the owner's task,
+        shielded by it; a store that is already closed has detached it (or is gone)."""
+        try:
+            await self.detach(handle)
+        except StoreError as exc:
+            log.debug('session "%s": its owner\'s detach found the store closed: %s', handle.id, exc)
+
+    def _scoped(self, kind: str, listener: Any, scope: Owner | None) -> Any:
+        """``listener``, or its scoped wrapper; refused first as an unscoped one would
+        be (an async listener where a synchronous one is required)."""
+        if scope is None:
+            return listener
+        if kind != "session/flush":
+            subscribe_sync(kind, [], listener)
+        if not isinstance(scope, Owner):
+            raise SessionArgumentError(f"{kind} listener scope must be an actors.Owner, got {scope!r}")
+        return Scoped(listener, scope, self._scope_of)
+
     @property
     def runtime(self) -> ActorRuntime:
         return self._runtime
+
+    @property
+    def warnings(self) -> Warnings:
+        """This store's warnings channel: contained listener failures and background
+        write failures of its persistence (see :class:`~harness.runtime.Warnings`)."""
+        return self.listeners.warnings
+
+    # -- synchronous reads (no round trip) -------------------------------------------------
+
+    def live_ids(self) -> tuple[str, ...]:
+        """The ids of the live sessions, in enter order: an immutable snapshot.
+
+        No actor round trip: it reads the store actor's map, which only that actor
+        changes, in synchronous code. Unlike :meth:`list` it is not ordered after the
+        requests already queued to the store actor.
+        """
+        return tuple(sid for sid, entry in self._entries.items() if not entry.detached)
+
+    def get_nowait(self, session_id: str) -> SessionHandle | None:
+        """The live handle for ``session_id``, or ``None``, without a round trip (see
+        :meth:`live_ids` for how it differs from :meth:`get`)."""
+        entry = self._live_entry(session_id) if type(session_id) is str else None
+        return None if entry is None else entry.handle
 
     def _abandon(self) -> None:
         """The runtime is gone (its actors ended without a detach): refuse new requests
@@ -486,9 +564,16 @@ class Store:
         session_id: str | None = None,
         *,
         seed: Sequence[Any] | None = None,
+        owner: Owner | None = None,
         **meta: Any,
     ) -> SessionHandle:
         """Prepare, enter and announce a new session; returns its handle.
+
+        ``owner`` (an open :class:`actors.Owner`) owns the session: closing it
+        detaches the session (``session/disposed``), and it is the session's routing
+        scope (see :meth:`on_event`). A closed owner is refused with
+        :class:`~harness.errors.SessionOwnerClosedError` (``OWNER_CLOSED``), nothing
+        created; the check and the owner's registration are atomic with the enter.
 
         ``meta``: ``cwd``, ``parent_session``, ``seed_length``, ``origin``,
         ``delegation_depth``, ``agent_preset``, ``created_at``. Without an id one is
@@ -500,7 +585,7 @@ class Store:
         actor took the request, the handle is returned (see :class:`Store`).
         """
         _check_meta(meta)
-        return await self._call(Create(session_id, seed, meta))  # type: ignore[no-any-return]
+        return await self._call(Create(session_id, seed, meta, owner))  # type: ignore[no-any-return]
 
     async def prepare(
         self, session_id: str | None = None, *, seed: Sequence[Any] | None = None, **meta: Any
@@ -519,12 +604,16 @@ class Store:
         """
         return await self._call(Adopt(session))  # type: ignore[no-any-return]
 
-    async def enter(self, prepared: PreparedSession) -> SessionHandle:
+    async def enter(self, prepared: PreparedSession, *, scope: Owner | None = None) -> SessionHandle:
         """Make a prepared session live (not yet announced).
+
+        ``scope`` (an open :class:`actors.Owner`) is its routing scope only: the
+        caller keeps the duty to detach it (the agent loop enters an agent's session
+        in its owner's scope and disposes it itself).
 
         Cancellation: withdrawn before it is taken; after, the session is live.
         """
-        return await self._call(Enter(prepared))  # type: ignore[no-any-return]
+        return await self._call(Enter(prepared, scope))  # type: ignore[no-any-return]
 
     async def announce(self, handle: SessionHandle) -> None:
         """Emit ``created`` for an entered session; a listener's raise propagates.
@@ -551,7 +640,12 @@ class Store:
         return await self._call(List())  # type: ignore[no-any-return]
 
     async def fork(
-        self, source: SessionHandle | str, boundary: int | None = None, child_id: str | None = None
+        self,
+        source: SessionHandle | str,
+        boundary: int | None = None,
+        child_id: str | None = None,
+        *,
+        owner: Owner | None = None,
     ) -> SessionHandle:
         """Create a child session from the inclusive prefix ``events[0..boundary]``.
 
@@ -561,14 +655,18 @@ class Store:
         The child shares the prefix's event objects (no copy), gets its own
         ``session/end-seed``, and its header names the parent and the seed length.
 
+        ``owner`` owns the child as :meth:`create`'s owner does (checked before the
+        source, ``OWNER_CLOSED``); the source's owner is not inherited.
+
         Cancellation: ``Cancelled`` means no child was created; once the store actor
         took the request, the child's handle is returned (see :class:`Store`).
         """
-        return await self._call(Fork(source, boundary, child_id))  # type: ignore[no-any-return]
+        return await self._call(Fork(source, boundary, child_id, owner))  # type: ignore[no-any-return]
 
     async def flush(self, handle: SessionHandle) -> bool:
-        """Run every flush listener for a live session; raise the first failure in
-        listener order; return whether any listener exists.
+        """Run every flush listener that hears a live session (unscoped ones, and scoped
+        ones of its scope); raise the first failure in listener order; return whether
+        any listener heard it.
 
         The session's queued messages are handled first (a barrier), so everything
         appended before the call is covered. Cancellation propagates to the listeners.
@@ -583,21 +681,44 @@ class Store:
     # ``created``/``event``/``disposed`` listeners and pre-commit hooks are called
     # synchronously: an async one raises AsyncListenerError here (see Listeners).
 
-    def on_created(self, listener: CreatedListener) -> Callable[[], None]:
-        return subscribe_sync("session/created", self.listeners.created, listener)
+    # ``scope=`` (an actors.Owner) on created/event/disposed/flush listeners: the
+    # listener hears only sessions entered in that owner's scope or a descendant's
+    # (reference §7 scope routing; see harness.runtime._scopes). Unscoped: every one.
 
-    def on_event(self, listener: EventListener) -> Callable[[], None]:
-        return subscribe_sync("session/event", self.listeners.event, listener)
+    def on_created(self, listener: CreatedListener, *, scope: Owner | None = None) -> Callable[[], None]:
+        """``session/created(handle)``: a raise vetoes the announcement. ``scope``: as
+        :meth:`on_event`'s. Returns an idempotent unsubscribe."""
+        return subscribe_sync(
+            "session/created", self.listeners.created, self._scoped("session/created", listener, scope)
+        )
 
-    def on_disposed(self, listener: DisposedListener) -> Callable[[], None]:
-        return subscribe_sync("session/disposed", self.listeners.disposed, listener)
+    def on_event(self, listener: EventListener, *, scope: Owner | None = None) -> Callable[[], None]:
+        """``session/event(handle, event)``, after each commit; a raise is contained
+        (logged and reported to :attr:`warnings`). Returns an idempotent unsubscribe.
+
+        ``scope`` (an :class:`actors.Owner`): hear only the sessions entered in that
+        owner's scope or a descendant's (:meth:`scope_of`; reference §7 scope routing);
+        without it, every session."""
+        return subscribe_sync("session/event", self.listeners.event, self._scoped("session/event", listener, scope))
+
+    def on_disposed(self, listener: DisposedListener, *, scope: Owner | None = None) -> Callable[[], None]:
+        """``session/disposed(handle)``, when an announced session is detached; a raise
+        is contained like ``on_event``'s; ``scope`` routes by the scope captured at
+        enter, as ``on_event``'s. Returns an idempotent unsubscribe."""
+        return subscribe_sync(
+            "session/disposed", self.listeners.disposed, self._scoped("session/disposed", listener, scope)
+        )
 
     def add_pre_commit_hook(self, hook: PreCommitHook) -> Callable[[], None]:
+        """``hook(handle, events)`` before each commit; a raise vetoes the batch (nothing
+        is logged). Returns an idempotent unsubscribe."""
         return subscribe_sync("pre-commit", self.listeners.pre_commit, hook)
 
-    def on_flush(self, listener: FlushListener) -> Callable[[], None]:
-        """A flush listener may be async (awaited) or a plain function."""
-        return subscribe(self.listeners.flush, listener)
+    def on_flush(self, listener: FlushListener, *, scope: Owner | None = None) -> Callable[[], None]:
+        """``session/flush(handle)`` on every :meth:`flush`; it may be async (awaited)
+        or a plain function. ``scope``: as :meth:`on_event`'s (a flush of a session out
+        of scope neither runs it nor counts it). Returns an idempotent unsubscribe."""
+        return subscribe(self.listeners.flush, self._scoped("session/flush", listener, scope))
 
     async def aclose(self) -> None:
         """Detach every live session (``disposed`` for each announced one), then refuse

@@ -6,6 +6,16 @@ function or class, testable without an event loop.
 
 from harness.session._chunks import decode_storage_record, is_storage_row, pack_chunk_runs
 from harness.session._derive import EventLog, MessageList, derive_event_message
+from harness.session._event_codec import (
+    adopt_event,
+    is_append_surface_event,
+    is_replacement_surface_event,
+    is_surface_eligible_type,
+    is_surface_event,
+    record_to_event,
+    snapshot_event,
+    storage_record_to_events,
+)
 from harness.session._events import (
     APPEND,
     CORE_EVENT_TYPES,
@@ -18,7 +28,13 @@ from harness.session._events import (
     event_to_record,
 )
 from harness.session._gc import gc_paused, promote_young
-from harness.session._header import SESSION_FORMAT_VERSION, SessionHeader
+from harness.session._header import (
+    MAX_SESSION_ID_BYTES,
+    SESSION_FORMAT_VERSION,
+    SessionHeader,
+    check_lookup_id,
+    check_session_id,
+)
 from harness.session._invariants import RelationalInvariants, Trace
 from harness.session._json import (
     FrozenDict,
@@ -48,6 +64,7 @@ __all__ = [
     "CORE_EVENT_TYPES",
     "END_SEED",
     "KNOWN_EVENT_TYPES",
+    "MAX_SESSION_ID_BYTES",
     "SESSION_FORMAT_VERSION",
     "SURFACE_TYPES",
     "AppendPlan",
@@ -70,7 +87,10 @@ __all__ = [
     "SurfaceOp",
     "Trace",
     "adopt",
+    "adopt_event",
     "canonical_header",
+    "check_lookup_id",
+    "check_session_id",
     "closers_for_records",
     "decode_records",
     "decode_storage_record",
@@ -80,13 +100,20 @@ __all__ = [
     "fold_surface",
     "freeze",
     "gc_paused",
-    "promote_young",
     "header_equals",
     "interrupted_turn_closers",
+    "is_append_surface_event",
     "is_json",
+    "is_replacement_surface_event",
     "is_storage_row",
+    "is_surface_eligible_type",
+    "is_surface_event",
     "pack_chunk_runs",
+    "promote_young",
     "raw_of",
+    "record_to_event",
+    "snapshot_event",
+    "storage_record_to_events",
     "thaw",
     "wall_clock_ms",
 ]

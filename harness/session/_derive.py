@@ -100,6 +100,15 @@ class EventLog(SnapshotView[Event]):
 
     __slots__ = ()
 
+    def seqs_of_type(self, type_: str) -> list[int]:
+        """The seqs of this view's events of type ``type_``, without materialising the
+        others (O(n) over the type column, not O(n) events built)."""
+        items, n = self._items, self._n
+        if isinstance(items, Log):
+            seqs = items.seqs_of_type(type_)
+            return seqs if not seqs or seqs[-1] < n else [s for s in seqs if s < n]
+        return [i for i, e in enumerate(self) if e.type == type_]
+
 
 _UNPROJECTED: Any = object()
 

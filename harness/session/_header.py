@@ -9,11 +9,82 @@ from typing import Any, Final, Literal
 
 import attrs
 
-from harness.errors import HeaderError, NotJsonError
+from harness.errors import HeaderError, NotJsonError, SessionIdError
 from harness.session._events import is_nonneg_safe_int
 from harness.session._json import FrozenDict, RawJson, adopt, raw_of, snapshot_raw
 
 SESSION_FORMAT_VERSION: Final = 0
+
+MAX_SESSION_ID_BYTES: Final = 244
+"""The longest id, measured as the JSONL path segment that names it: 255 (``NAME_MAX``
+of every common file system) less the 11 of ``.jsonl.zstd``, because the JSONL backend
+probes for the reference's flat-layout file ``<segment>.jsonl.zstd`` before it writes.
+Every backend enforces it, so a session can move between backends: ``[A-Za-z0-9._-]``
+count 1 byte, every other UTF-16 code unit 5 (``~XXXX``)."""
+
+_ID_LITERAL: Final = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-")
+
+
+def session_id_bytes(session_id: str) -> int:
+    """The length of ``session_id``'s JSONL path segment (the reference's
+    ``encodeSegment``), without building it."""
+    if session_id == ".":
+        return 5
+    if session_id == "..":
+        return 10
+    return sum(1 if ch in _ID_LITERAL else 10 if ord(ch) > 0xFFFF else 5 for ch in session_id)
+
+
+def show_id(value: str) -> str:
+    """An id for an error message: quoted and escaped (control characters visible),
+    cut after 60 characters so that a megabyte id does not become a megabyte message."""
+    if len(value) <= 80:
+        return repr(value)
+    return f"{value[:60]!r}... ({len(value)} characters)"
+
+
+def check_lookup_id(value: object, what: str = "session id") -> str:
+    """The door check for an id that only names a session (get, load, prepare,
+    inspect, delete, ...): a non-empty string that encodes as UTF-8. Nothing longer
+    is refused here, so an id stored by an older build still reads."""
+    if type(value) is not str or not value:
+        raise SessionIdError(f"{what} must be a non-empty string, got {value!r}")
+    if not value.isascii():
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            # Both backends would fail deep down (utf-16 path encoding, SQLite bind).
+            raise SessionIdError(
+                f"{what} {show_id(value)} is not valid Unicode: it holds a lone surrogate",
+                session_id=value,
+            ) from None
+    return value
+
+
+def check_session_id(value: object, what: str = "session id") -> str:
+    """The door check for a *new* id (create, prepare, fork child, persistence create).
+
+    Refuses, with :class:`SessionIdError` naming the value, what :func:`check_lookup_id`
+    refuses, control characters (U+0000..U+001F, U+007F: the CLI could never name the
+    session, and a newline in an id would forge log lines), and an id longer than
+    :data:`MAX_SESSION_ID_BYTES` as a path segment: the first write-behind flush would
+    otherwise fail with "file name too long", long after ``create`` said yes.
+    """
+    sid = check_lookup_id(value, what)
+    bad = next((ch for ch in sid if ch < " " or ch == "\x7f"), None)
+    if bad is not None:
+        raise SessionIdError(
+            f"{what} {show_id(sid)} holds the control character {bad!r}", session_id=sid
+        )
+    size = session_id_bytes(sid)
+    if size > MAX_SESSION_ID_BYTES:
+        raise SessionIdError(
+            f"{what} {show_id(sid)} is too long: its storage name takes {size} bytes, more than "
+            f"{MAX_SESSION_ID_BYTES} ([A-Za-z0-9._-] take 1 byte each, other characters 5)",
+            session_id=sid,
+        )
+    return sid
+
 
 _KNOWN_KEYS: Final = (
     "version",

@@ -48,6 +48,17 @@ class _Invalid(Exception):
     """Internal: the walk found a non-JSON value (turned into NotJsonError by callers)."""
 
 
+class _Deep(_Invalid):
+    """Internal: the walk went deeper than its ``max_depth``."""
+
+
+MAX_STORABLE_DEPTH = 200
+"""How deep an event's data may nest (containers, the outermost counting 1). orjson
+writes at most 254 levels and a stored record wraps the data in one or two more: a
+deeper payload would be accepted in memory and then fail every write-behind flush
+(issue 16). 200 leaves room for the envelope; see ``docs/limits.md``."""
+
+
 def _valid_str(s: str) -> bool:
     if s.isascii():
         return True
@@ -133,8 +144,10 @@ def _snapshot_raw(value: object) -> RawJson:
         return _snapshot_iterative(value)
 
 
-def _snapshot_iterative(value: object, tuples: bool = False) -> RawJson:
+def _snapshot_iterative(value: object, tuples: bool = False, max_depth: int | None = None) -> RawJson:
     # ``tuples``: also take tuples as arrays (a raw tree's frozen arrays), copied as lists.
+    # ``max_depth``: raise _Deep past that many nested containers (None: no limit).
+    limit = max_depth if max_depth is not None else -1
     t = type(value)
     if t is FrozenDict or t is FrozenList:
         return value._raw  # type: ignore[attr-defined]
@@ -163,6 +176,8 @@ def _snapshot_iterative(value: object, tuples: bool = False) -> RawJson:
                 if vt is dict or vt is list:
                     if id(v) in on_path:
                         raise _Invalid
+                    if len(stack) == limit:
+                        raise _Deep
                     child: Any = {} if vt is dict else []
                     dst[k] = child
                     on_path.add(id(v))
@@ -184,6 +199,8 @@ def _snapshot_iterative(value: object, tuples: bool = False) -> RawJson:
                 if vt is dict or vt is list:
                     if id(v) in on_path:
                         raise _Invalid
+                    if len(stack) == limit:
+                        raise _Deep
                     child = {} if vt is dict else []
                     append(child)
                     on_path.add(id(v))
@@ -219,6 +236,26 @@ def try_snapshot_raw(value: object) -> tuple[bool, RawJson]:
         return True, _snapshot_raw(value)
     except _Invalid:
         return False, None
+
+
+def try_snapshot_storable(value: object, max_depth: int = MAX_STORABLE_DEPTH) -> tuple[str | None, RawJson]:
+    """Like :func:`try_snapshot_raw` for a value that must also be storable:
+    ``(None, raw)``, or ``(why, None)`` with ``why`` ``"not JSON"`` or ``"too deep"``
+    (more than ``max_depth`` nested containers, the outermost counting 1)."""
+    try:
+        # The fast path gives up past _FAST_DEPTH (< MAX_STORABLE_DEPTH) levels: a
+        # payload it copies needs no depth check, so the common append pays nothing.
+        return None, _copy_fast(value, 0)
+    except _TooDeep:
+        pass
+    except _Invalid:
+        return "not JSON", None
+    try:
+        return None, _snapshot_iterative(value, max_depth=max_depth)
+    except _Deep:
+        return "too deep", None
+    except _Invalid:
+        return "not JSON", None
 
 
 def is_json(value: object) -> bool:

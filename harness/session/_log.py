@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Iterator, Sequence
+from itertools import islice
 from typing import Final, overload
 
 from harness.session._events import APPEND, KNOWN_EVENT_TYPES, Event, SurfaceOp
@@ -145,6 +146,14 @@ class Log(Sequence[Event]):
         """The raw (private) data tree of event ``i``: read it, never mutate it."""
         k = self._k
         return self._base.datas[i] if i < k else self._own.datas[i - k]
+
+    def seqs_of_type(self, type_: str) -> list[int]:
+        """The seqs of the events of type ``type_``, in order, without materialising
+        any event (a scan of the type column; e.g. a resume folding one record type)."""
+        k = self._k
+        out = [i for i, t in enumerate(islice(self._base.types, k)) if t == type_]
+        out.extend(k + i for i, t in enumerate(self._own.types) if t == type_)
+        return out
 
     def surface_ops(self) -> Iterator[tuple[int, SurfaceOp]]:
         """``(seq, op)`` of every event that carries a surface op, in order."""

@@ -31,12 +31,19 @@ from harness.session._events import (
     valid_envelope,
 )
 from harness.session._gc import gc_paused
-from harness.session._header import SessionHeader, snapshot_header, validate_header_record
+from harness.session._header import (
+    SessionHeader,
+    check_session_id,
+    snapshot_header,
+    validate_header_record,
+)
 from harness.session._json import (
+    MAX_STORABLE_DEPTH,
     FrozenDict,
     JsonValue,
     RawJson,
     try_snapshot_raw,
+    try_snapshot_storable,
     view,
 )
 from harness.session._log import APPEND_OP, INTERNED, NO_OP, Log
@@ -217,8 +224,11 @@ class Session:
         Without a ``header`` one is synthesised as ``{version: 0, id, createdAt: now}``.
         A supplied seed (even ``[]``) gets a ``session/end-seed`` appended unless it
         already ends with one.
+
+        A new id passes :func:`~harness.session.check_session_id` (restore does not:
+        an id stored by an older build still reads).
         """
-        self = cls._blank(session_id, clock, validator)
+        self = cls._blank(check_session_id(session_id), clock, validator)
         if seed:
             self._begin_seed(
                 it.type if isinstance(it, Event) else it.get("type") if isinstance(it, Mapping) else None
@@ -314,7 +324,7 @@ class Session:
         """
         if not 0 <= boundary < parent.seq:
             raise SessionError(f"fork boundary {boundary} is outside session {parent.id!r}")
-        self = cls._blank(session_id, clock, validator)
+        self = cls._blank(check_session_id(session_id), clock, validator)
         self._header = snapshot_header(header, session_id)
         self._events = parent._events.prefix(boundary + 1)
         if boundary == parent.seq - 1:
@@ -731,8 +741,15 @@ class Session:
         type_ = d.type
         if type(type_) is not str:
             raise EventError(f"session event type must be a string, got {type_!r}", session_id=self._sid)
-        ok, data = try_snapshot_raw(d.data)
-        if not ok:
+        why, data = try_snapshot_storable(d.data)
+        if why is not None:
+            if why == "too deep":
+                # Refused here: accepted, it would fail every write-behind flush.
+                raise NotJsonError(
+                    f"{_label(type_)} carries data nested more than {MAX_STORABLE_DEPTH} levels deep, "
+                    "which cannot be stored",
+                    session_id=self._sid,
+                )
             raise NotJsonError(f"{_label(type_)} carries non-JSON-serializable data", session_id=self._sid)
         if type_ == _LEGACY_DELTA:
             raise EventError(
