@@ -562,12 +562,13 @@ async def _session(options: _Options, display: _Display, chat: _Chat) -> int:
 
     from actors import Owner
     from harness.agent import open_agent_loop
+    from harness.demo import make_private_dirs
     from harness.errors import HarnessError
     from harness.persistence import JsonlBackend, open_persistence
     from harness.runtime import open_store
     from harness.session import RelationalInvariants
 
-    options.root.mkdir(parents=True, exist_ok=True)
+    make_private_dirs(options.root)  # owner-only, as the backend creates its own directories
     workspace = Workspace(options.workdir or Path.cwd())
     offline = options.provider is None
     provider: Any = OfflineProvider() if offline else options.provider

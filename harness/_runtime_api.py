@@ -13,6 +13,7 @@ The three layers (:func:`~harness.runtime.open_store`,
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
@@ -39,7 +40,9 @@ _BACKEND_METHODS = ("list_headers", "load", "append", "materialize", "acquire_wr
 class RuntimeConfigError(HarnessError, ValueError):
     """:func:`open_runtime` was given arguments it cannot make a runtime of (an
     unknown ``backend``, a backend name without a ``root``, a backend instance
-    together with a ``root``). Raised when the block is entered, before anything opens.
+    together with a ``root``, a negative ``write_delay``, ...), or
+    :func:`harness.testing.open_test_runtime` an unknown backend kind. Raised when the
+    block is entered, before anything opens; the message names the value at fault.
     """
 
     code = "RUNTIME_CONFIG"
@@ -246,6 +249,9 @@ async def open_runtime(
 
     Anything else raises :class:`RuntimeConfigError` on entry, before anything opens.
 
+    ``write_delay``: how long (seconds, a finite number >= 0) persistence batches
+    appends before writing them; anything else is a :class:`RuntimeConfigError`.
+
     Agents: ``provider``, ``tools``, ``system`` and ``max_tokens`` are defaults that
     :meth:`Runtime.create`/:meth:`Runtime.resume` override per agent. There is no
     default provider: an agent needs one from here or from its create/resume call
@@ -278,6 +284,8 @@ async def open_runtime(
     chosen = _backend(root, backend)
     if type(shutdown_grace) not in (int, float) or not shutdown_grace > 0:
         raise RuntimeConfigError(f"shutdown_grace must be a positive number of seconds, got {shutdown_grace!r}")
+    if type(write_delay) not in (int, float) or not 0 <= write_delay < math.inf:
+        raise RuntimeConfigError(f"write_delay must be a finite number of seconds >= 0, got {write_delay!r}")
     # The guard keeps the layers' actors and tasks out of reach of a scope enclosing
     # this block: cancelled together with the body, a session actor would be gone
     # before the body's turn could log its turn/end (the log left with an open turn).

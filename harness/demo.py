@@ -61,12 +61,30 @@ def _assistant(turn: int, mid: str, blocks: list[dict[str, object]]) -> dict[str
     }
 
 
+def make_private_dirs(path: Path) -> None:
+    """Create ``path`` and its missing parents owner-only (``0700``, as the backends
+    create theirs); an existing directory is left as it is."""
+    missing: list[Path] = []
+    p = path
+    while not p.exists():
+        missing.append(p)
+        if p.parent == p:
+            break
+        p = p.parent
+    for d in reversed(missing):
+        try:
+            d.mkdir(mode=0o700)
+        except FileExistsError:
+            continue  # made meanwhile by someone else: theirs
+        d.chmod(0o700)  # mkdir's mode is masked by the umask; owner-only whatever it is
+
+
 def run_demo(root: str | None = None) -> int:
     from harness._demo_agent import run_agent_story
     from harness._demo_compaction import run_compaction_act
 
-    where = Path(root) if root else Path(tempfile.mkdtemp(prefix="harness-demo-"))
-    where.mkdir(parents=True, exist_ok=True)
+    where = Path(root) if root else Path(tempfile.mkdtemp(prefix="harness-demo-"))  # mkdtemp: 0700
+    make_private_dirs(where)
     run_agent_story(where / "agent")
     print("\n== more: the pure session core ==")
     _core_walk()

@@ -354,6 +354,24 @@ class PreparationDisposedError(PersistenceError):
     code = "PREPARATION_DISPOSED"
 
 
+class PersistenceCloseError(PersistenceError):
+    """Closing a persistence (``Persistence.aclose``, the exit of ``open_persistence``
+    or ``open_runtime``) could not make every session's last events durable. The
+    message names every failed session; the events it names are lost.
+
+    ``failures``: session id -> its (first) error, in the order met; ``errors``: every
+    error, in order (one id may fail twice, e.g. a retirement and its retry). The
+    first error is also the ``__cause__``. A plain exception, not an
+    ``ExceptionGroup``: ``except PersistenceError`` and ``code`` keep working."""
+
+    code = "PERSISTENCE_CLOSE_FAILED"
+
+    def __init__(self, message: str, *, failures: dict[str, Exception], errors: tuple[Exception, ...]) -> None:
+        super().__init__(message)
+        self.failures = failures
+        self.errors = errors
+
+
 # --- compaction ------------------------------------------------------------------------
 
 
@@ -565,6 +583,7 @@ __all__ = [
     "OpenTurnError",
     "PersistedSessionNotFoundError",
     "PersistenceArgumentError",
+    "PersistenceCloseError",
     "PersistenceError",
     "PreparationDisposedError",
     "RawArtifactsUnsupportedError",

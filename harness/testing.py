@@ -35,7 +35,7 @@ from typing import Any, Final, Literal
 import pytest
 import trio
 
-from harness._runtime_api import Runtime, open_runtime
+from harness._runtime_api import Runtime, RuntimeConfigError, open_runtime
 from harness.agent import Say, ScriptedProvider
 from harness.errors import HarnessError
 from harness.faults import (
@@ -81,6 +81,7 @@ async def open_test_runtime(
     otherwise). ``jsonl`` uses the directory ``tmp_path/"sessions"``, ``sqlite`` the
     file ``tmp_path/"sessions.db"``, ``memory`` nothing. Other ``options`` go to
     :func:`~harness.open_runtime` (``provider``, ``tools``, ``write_delay``, ...).
+    Another ``kind`` raises :class:`~harness.RuntimeConfigError` (a ``ValueError``) on entry.
     """
     options.setdefault("invariants", RelationalInvariants)
     root = Path(tmp_path)
@@ -91,7 +92,7 @@ async def open_test_runtime(
     elif kind == "memory":
         cm = open_runtime(**options)
     else:
-        raise ValueError(f"backend kind must be one of {BACKENDS}, got {kind!r}")
+        raise RuntimeConfigError(f"open_test_runtime: backend kind must be one of {BACKENDS}, got {kind!r}")
     async with cm as rt:
         yield rt
 

@@ -34,7 +34,7 @@ from harness.faults._cli import (
 )
 from harness.faults._files import FaultyFiles
 from harness.faults._scenarios import select_scenarios
-from harness.persistence import Persistence, SessionPreparation
+from harness.persistence import JsonlBackend, Persistence, SessionPreparation
 
 
 def chaos(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
@@ -68,9 +68,10 @@ def test_chaos_table_list_replay_and_usage_errors(capsys: pytest.CaptureFixture[
     assert lines[-1].endswith("s") and " 0 violation(s)" in lines[-1]
 
     code, out, _ = chaos(capsys, "--list")
-    assert code == 0 and len([ln for ln in out.splitlines() if not ln.startswith(" ")]) == len(builtin_scenarios()) == 20
+    assert code == 0 and len([ln for ln in out.splitlines() if not ln.startswith(" ")]) == len(builtin_scenarios()) == 22
     assert "agent-turn/sqlite" in out and "agent-cancel" in out
     assert "resume/jsonl-zstd" in out and "fork/jsonl-zstd" not in out  # the zstd kind's subset
+    assert "write-behind/postgres" in out and "resume/postgres" not in out  # the postgres kind's
 
     code, out, _ = chaos(capsys, "--replay", "write-behind/jsonl:seed=0:k=3:eio")
     assert code == 0 and out.startswith("write-behind/jsonl:seed=0:k=3:eio: ")
@@ -147,6 +148,7 @@ def test_the_zstd_kind_runs_its_subset_on_zstd_files(tmp_path: Path) -> None:
     report = explore_crash(scenarios[0], stride=6)
     assert report.backend == "jsonl-zstd" and report.attempts > 2 and report.ok, report.violations
     backend = plain_backend(tmp_path, "jsonl-zstd")
+    assert isinstance(backend, JsonlBackend)
     assert backend.compression == "zstd" and backend.root == tmp_path / "jsonl-zstd"
     report = kill_campaign("jsonl-zstd", kills=2, seed=3)
     assert report.steps == {"sigkill": 2} and report.ok, report.violations
@@ -278,3 +280,145 @@ def test_checkpoint_mode_finds_the_old_owner(monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setattr(lifetimes.Owner, "aclose", old_aclose)
     report = explore(select_scenarios(["agent-turn/jsonl"])[0], cancellers=["owner"], stride=3)
     assert any("still open" in v.message for v in report.violations), report.distinct()
+
+
+# -- the postgres kind ---------------------------------------------------------------------------
+
+
+def test_the_postgres_kind_runs_its_subset() -> None:
+    scenarios = select_scenarios(["write-behind/postgres", "lifecycle/postgres"])
+    assert [(s.name, s.modes) for s in scenarios] == [
+        ("write-behind/postgres", ("checkpoints", "io", "crash")),
+        ("lifecycle/postgres", ("io", "crash")),
+    ]
+    assert not [s for s in builtin_scenarios() if s.backend == "postgres" and s.name not in {x.name for x in scenarios}]
+    items = plan_campaign(scenarios, modes=MODES, seeds=1, budget=BUDGETS["ci"])
+    assert [(i.scenario, i.mode) for i in items] == [
+        ("write-behind/postgres", "checkpoints"),
+        ("write-behind/postgres", "io"),
+        ("lifecycle/postgres", "io"),
+        ("write-behind/postgres", "crash"),
+        ("lifecycle/postgres", "crash"),
+        ("sigkill/postgres", "kill"),
+    ]
+
+
+def test_the_postgres_kind_is_skipped_saying_why_without_a_server(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import harness.persistence._postgres_cluster as cluster
+    from harness.faults._backends import PG_BENCH_URL_ENV, PG_URL_ENV
+
+    monkeypatch.delenv(PG_URL_ENV, raising=False)
+    monkeypatch.delenv(PG_BENCH_URL_ENV, raising=False)
+    monkeypatch.setattr(cluster, "missing", lambda: "PostgreSQL server binaries not on PATH (initdb)")
+    code, out, err = chaos(capsys, "write-behind/postgres", "--mode", "crash", "--budget", "ci")
+    assert code == 0 and "skipping the postgres kind: PostgreSQL server binaries not on PATH" in err
+    assert out.splitlines()[-1].startswith("0 attempts, 0 violation(s)")
+
+
+@pytest.fixture
+def chaos_pg(pg_url: str, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The test cluster (tests/pg_cluster.py) as the postgres kind's server, with a
+    schema prefix of its own; returns the prefix."""
+    import secrets
+
+    from harness.faults._backends import PG_PREFIX_ENV, PG_URL_ENV
+
+    prefix = f"chaos_t{secrets.token_hex(4)}_"
+    monkeypatch.setenv(PG_URL_ENV, pg_url)
+    monkeypatch.setenv(PG_PREFIX_ENV, prefix)
+    return prefix
+
+
+def _schemas(url: str, prefix: str) -> list[str]:
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        rows = conn.execute("SELECT nspname FROM pg_namespace WHERE starts_with(nspname, %s)", (prefix,)).fetchall()
+    return [r[0] for r in rows]
+
+
+def _write_commits(scenario: Any) -> tuple[int, int]:
+    """From a dry run of ``scenario``: the statement numbers of the COMMIT of its first
+    materialize and of its first append (the k that lose their acknowledgement)."""
+    from harness.faults import SqliteFaults
+
+    made: list[SqliteFaults] = []
+    init = SqliteFaults.__init__
+
+    def capture(self: SqliteFaults, **kw: Any) -> None:
+        init(self, **kw)
+        made.append(self)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(SqliteFaults, "__init__", capture)
+        assert replay(scenario, f"{scenario.name}:seed=0:k=0:full").violations == ()
+    stmts = made[-1].statements
+    found: dict[str, int] = {}
+    kind = ""
+    for k, stmt in enumerate(stmts, 1):
+        if stmt.startswith("BEGIN"):
+            kind = ""
+        elif ".sessions (id, header" in stmt:
+            kind = "materialize"
+        elif "revision = revision + 1" in stmt:
+            kind = "append"
+        elif stmt == "COMMIT" and kind:
+            found.setdefault(kind, k)
+    return found["materialize"], found["append"]
+
+
+def test_the_postgres_kind_finds_nothing_and_catches_a_writer_that_refuses_its_own_commit(
+    chaos_pg: str, pg_url: str
+) -> None:
+    from harness.persistence._postgres import PostgresBackend
+
+    scenario = select_scenarios(["write-behind/postgres"])[0]
+    report = explore_io(scenario, stride=9)
+    assert report.backend == "postgres" and set(report.steps) == {"full", "ioerr"} and report.notes == ()
+    assert report.attempts > 10 and report.ok, report.distinct()
+    report = explore_crash(scenario, stride=9)
+    assert report.attempts > 5 and report.ok, report.distinct()
+    report = explore(scenario, stride=25)
+    assert report.attempts > 5 and report.ok, report.distinct()
+    # A COMMIT that lands but whose answer is lost: the writer's retry recognises its
+    # own first write and its own append, and loses or doubles nothing.
+    k_materialize, k_append = _write_commits(scenario)
+    for k in (k_materialize, k_append):
+        attempt = replay(scenario, f"write-behind/postgres:seed=0:k={k}:ioerr")
+        assert attempt.outcome == "ok" and attempt.violations == (), attempt.logs
+        assert any("after COMMIT" in line for line in attempt.logs)
+        assert not any("are lost" in line for line in attempt.logs), attempt.logs
+    # The defect of docs/postgres.md's old limits, reinstated: the retry of an in-doubt
+    # first write is refused (SESSION_LOG_EXISTS) and the session's events never land.
+    # Under an injected I/O fault a typed failure is an answer, not a violation, so the
+    # attempt's outcome and its close report show it.
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(PostgresBackend, "_own_first_write", lambda self, *a: None)
+        attempt = replay(scenario, f"write-behind/postgres:seed=0:k={k_materialize}:ioerr")
+    assert attempt.outcome == "typed error", attempt.logs
+    assert any("refusing to materialize" in line for line in attempt.logs)
+    assert any("could not be made durable and are lost" in line for line in attempt.logs)
+    # An append retried after its in-doubt commit that writes its whole batch again:
+    # the primary key refuses the duplicate seqs, and that writer never recovers either.
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(PostgresBackend, "_stored_prefix", lambda self, conn, sid, records, first, n: 0)
+        attempt = replay(scenario, f"write-behind/postgres:seed=0:k={k_append}:ioerr")
+    assert attempt.outcome == "typed error", attempt.logs
+    assert any("could not be made durable and are lost" in line for line in attempt.logs)
+    assert _schemas(pg_url, chaos_pg)  # every attempt had a schema of its own
+
+
+def test_harness_chaos_postgres_on_a_given_server_drops_its_schemas(
+    capsys: pytest.CaptureFixture[str], chaos_pg: str, pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from harness.faults._backends import PG_URL_ENV
+
+    monkeypatch.delenv(PG_URL_ENV)
+    monkeypatch.setenv("HARNESS_BENCH_POSTGRES_URL", pg_url)
+    code, out, err = chaos(capsys, "--replay", "write-behind/postgres:seed=0:k=7:full")
+    assert code == 0 and out.startswith("write-behind/postgres:seed=0:k=7:full: ok"), out + err
+    code, out, err = chaos(capsys, "--replay", "write-behind/postgres:seed=0:k=40:caller")
+    assert code == 0 and "injected before a step of" in out, out + err
+    assert not [s for s in _schemas(pg_url, "chaos_") if not s.startswith("chaos_t")]  # the CLI's dropped

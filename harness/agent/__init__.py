@@ -2,6 +2,7 @@
 
 from harness.agent._agent import (
     Agent,
+    AgentArgumentError,
     AgentBusyError,
     AgentCancelledError,
     AgentDisposedError,
@@ -72,6 +73,7 @@ __all__ = [
     "COMPACT_TEXTS",
     "Agent",
     "AgentAlreadyRegisteredError",
+    "AgentArgumentError",
     "AgentBusyError",
     "AgentCancelledError",
     "AgentCompaction",

@@ -30,6 +30,7 @@ from harness.providers import (
     next_chunk,
 )
 from harness.runtime import SessionHandle
+from harness.runtime._listeners import refuse_awaitable
 from harness.session import EventDraft, FrozenDict, freeze, header_equals, thaw
 
 log = logging.getLogger("harness.agent")
@@ -38,6 +39,20 @@ AbortKind = Literal["user", "parent", "disposed"]
 Phase = Literal["idle", "turn", "maintenance"]
 Delivery = Literal["follow-up", "steer", "inject"]
 T = TypeVar("T")
+
+
+class AgentArgumentError(HarnessError, ValueError):
+    """An agent setting with a value it cannot take (e.g. ``max_tokens`` that is not a
+    positive integer, an unknown ``send`` delivery); the message names the value.
+    Also a ``ValueError``, as these were before they were typed."""
+
+    code = "INVALID_AGENT_ARGUMENT"
+
+
+def check_max_tokens(max_tokens: object) -> None:
+    """Refuse a ``max_tokens`` that is neither ``None`` nor a positive ``int``."""
+    if max_tokens is not None and (type(max_tokens) is not int or max_tokens <= 0):
+        raise AgentArgumentError(f"agent max_tokens must be a positive integer, got {max_tokens!r}")
 
 
 class AgentBusyError(HarnessError):
@@ -127,8 +142,7 @@ class Agent:
         hooks: AgentHooks | None = None,
         nursery: trio.Nursery | None = None,
     ) -> None:
-        if max_tokens is not None and (type(max_tokens) is not int or max_tokens <= 0):
-            raise ValueError("agent max_tokens must be a positive integer")
+        check_max_tokens(max_tokens)
         self.session = session
         self.provider = provider
         self.tools = tools or ToolSet()
@@ -249,7 +263,7 @@ class Agent:
         if self.disposed:
             raise AgentDisposedError(f'agent "{self.id}" is disposed', session_id=self.id)
         if delivery not in ("follow-up", "steer", "inject"):
-            raise ValueError(f'agent send delivery must be "follow-up", "steer" or "inject", got {delivery!r}')
+            raise AgentArgumentError(f'agent send delivery must be "follow-up", "steer" or "inject", got {delivery!r}')
         message = _user_message(text)
         target: Target = "next-turn" if delivery == "follow-up" else "next-step"
         async with self._inbox_lock:
@@ -438,7 +452,9 @@ class Agent:
     def _notify(self, status: Status) -> None:
         for listener in list(self.hooks.status):
             try:
-                listener(self, status)
+                result: object = listener(self, status)
+                if result is not None:
+                    refuse_awaitable("agent/status", listener, result)
             except Exception as exc:
                 self.session.store.warnings.report(
                     log,

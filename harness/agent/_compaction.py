@@ -37,6 +37,15 @@ from harness.runtime import SessionHandle
 
 log = logging.getLogger("harness.compaction")
 
+
+def _warn(agent: Agent, message: str, exc: BaseException) -> None:
+    """A compaction failure the turn goes on without: logged on ``harness.compaction``
+    and reported to the store's warnings channel (``listener-failed``,
+    ``agent/compaction``)."""
+    agent.session.store.warnings.report(
+        log, "listener-failed", "agent/compaction", message, session_id=agent.session.id, error=exc
+    )
+
 Reason = Literal["pressure", "context-overflow"]
 
 #: The default phase-one config (frozen, shared).
@@ -280,14 +289,15 @@ class AgentCompaction:
 
     async def _on_pre_step(self, context: StepContext) -> None:
         """Pressure before every step; never fails the step (errors are warnings)."""
+        agent = context.agent
         try:
-            result = await self.compact_if_needed(context.agent, "pressure")
+            result = await self.compact_if_needed(agent, "pressure")
         except TargetPressureConfigError as exc:
             if exc.target_key not in self._warned:
                 self._warned.add(exc.target_key)
-                log.warning("%s", exc)
+                _warn(agent, str(exc), exc)
         except Exception as exc:
-            log.warning("step compaction failed: %s; continuing the turn", exc)
+            _warn(agent, f"step compaction failed: {exc}; continuing the turn", exc)
         else:
             if result is not None:
                 log.info("compaction (step pressure): %s", describe(result))
@@ -310,14 +320,15 @@ class AgentCompaction:
             result = await self.compact_if_needed(agent, "context-overflow")
         except Exception as exc:
             if s.generation != generation:
-                log.warning(
-                    "context-overflow compaction failed after durable surface progress: %s; "
+                _warn(
+                    agent,
+                    f"context-overflow compaction failed after durable surface progress: {exc}; "
                     "retrying from the replacement surface",
                     exc,
                 )
                 self._count_overflow(agent)
                 return Retry()
-            log.warning("context-overflow compaction failed: %s; preserving the original request error", exc)
+            _warn(agent, f"context-overflow compaction failed: {exc}; preserving the original request error", exc)
             return None
         if s.generation == generation:
             return None  # nothing replaced: a retry would fail the same way

@@ -14,7 +14,7 @@ import attrs
 import trio
 
 from actors import Lifetime, LifetimeClosedError, Owner, bind_all, run_abandonable, run_bounded
-from harness.agent._agent import Agent
+from harness.agent._agent import Agent, check_max_tokens
 from harness.agent._commands import Commands, install_compact_command
 from harness.agent._compaction import AgentCompaction
 from harness.agent._hooks import Status
@@ -330,8 +330,7 @@ class AgentLoop:
             raise AgentLoopError(
                 "no model provider: pass provider= to create()/resume() or to the loop"
             )
-        if max_tokens is not None and (type(max_tokens) is not int or max_tokens <= 0):
-            raise ValueError("agent max_tokens must be a positive integer")
+        check_max_tokens(max_tokens)
         # Checked here, before anything is prepared: a wrong value would otherwise
         # surface as an AttributeError in the agent's first turn.
         if not callable(getattr(chosen, "stream", None)):
@@ -628,8 +627,7 @@ async def open_agent_loop(
 
     Cancellation of the block cancels the loop's tasks; disposal still runs shielded.
     """
-    if max_tokens is not None and (type(max_tokens) is not int or max_tokens <= 0):
-        raise ValueError("agent max_tokens must be a positive integer")
+    check_max_tokens(max_tokens)
     async with trio.open_nursery() as nursery:
         loop = AgentLoop(
             store,

@@ -87,7 +87,9 @@ __all__ = [
 
 def builtin_scenarios() -> list[Scenario]:
     """The built-in scenarios (``agent-turn``, ``resume``, ``fork``, ``lifecycle``,
-    ``write-behind``), one per backend: ``NAME/jsonl``, ``NAME/sqlite``.
+    ``write-behind``, the compaction ones), one per backend kind: ``NAME/jsonl``,
+    ``NAME/sqlite``, and a reduced subset on ``NAME/jsonl-zstd`` and ``NAME/postgres``
+    (``harness chaos --list``).
 
     Imported on first call: the scenarios use the agent loop, which itself imports
     this package.

@@ -8,12 +8,31 @@ statement hook. ``jsonl-zstd`` runs a subset (:func:`scenario_modes`): the encod
 only matters where bytes reach the disk, so it runs the persistence scenarios in the
 ``io`` and ``crash`` modes (and a SIGKILL campaign), not the scheduler-level
 ``checkpoints`` mode, which its plain twin already covers.
+
+``postgres`` (:class:`~harness.persistence.PostgresBackend`) fails and crashes through
+its statement hook: the attempt's :class:`SqliteFaults` counts every statement
+(``BEGIN``/``COMMIT``/``COPY`` included) and is adapted (:class:`PgStatementFaults`):
+the k-th statement fails as a full disk (``DiskFull``) or an I/O error (``IoError``);
+a ``COMMIT`` picked to fail *runs* and then loses its answer (the connection dropped
+after the commit: the in-doubt commit a writer must retry without duplicating or
+refusing its own write); a crash stops the "process" (connection closed, its leases no
+longer vouched for). It runs a subset (:data:`_SCOPE`). The server is
+:data:`PG_URL_ENV` (set by ``harness chaos``, which starts a throwaway cluster unless
+``HARNESS_BENCH_POSTGRES_URL`` names one); each attempt gets its own PostgreSQL schema,
+named after its temporary directory.
 """
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import os
+import secrets
+import sqlite3
+import threading
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Final, Literal
+from typing import TYPE_CHECKING, Any, Final, Literal, TextIO, TypeAlias
 
 from harness.faults._explore import Probe
 from harness.faults._invariants import check_stored, check_writer_locks
@@ -22,21 +41,31 @@ from harness.persistence import JsonlBackend, SqliteBackend
 from harness.persistence._files import OsFiles
 from harness.runtime import SessionHandle
 
-BACKENDS: Final = ("jsonl", "sqlite", "jsonl-zstd")
+if TYPE_CHECKING:
+    from harness.persistence import PostgresBackend
+
+BACKENDS: Final = ("jsonl", "sqlite", "jsonl-zstd", "postgres")
 #: The kinds whose faults go through the file layer (``FaultyFiles``, ``PowerLossFiles``).
 FILE_BACKENDS: Final = frozenset({"jsonl", "jsonl-zstd"})
 
-#: Per kind, the built-in scenarios and modes it runs (a kind not listed runs all).
-_SCOPE: Final[dict[str, tuple[frozenset[str], frozenset[str]]]] = {
-    "jsonl-zstd": (
-        frozenset({"resume", "lifecycle", "write-behind", "agent-turn"}),
-        frozenset({"io", "crash"}),
-    ),
+#: Per kind, the built-in scenarios it runs and in which modes (a kind not listed runs
+#: every scenario in every mode; a scenario not listed under its kind does not run).
+_SCOPE: Final[dict[str, dict[str, frozenset[str]]]] = {
+    "jsonl-zstd": dict.fromkeys(("resume", "lifecycle", "write-behind", "agent-turn"), frozenset({"io", "crash"})),
+    # Every statement of the write path, through a real server, bounded to ~1 min of
+    # the CI campaign on 2 cores: the pure persistence scenarios only (the agent-level
+    # ones add scheduler steps the other kinds already explore, at a server round trip
+    # per statement); cancellations at every step of ``write-behind``; I/O failures and
+    # crashes at every statement of both.
+    "postgres": {
+        "write-behind": frozenset({"checkpoints", "io", "crash"}),
+        "lifecycle": frozenset({"io", "crash"}),
+    },
 }
 
 
 def uses_files(kind: str) -> bool:
-    """Whether ``kind``'s faults are file operations (else SQLite statements)."""
+    """Whether ``kind``'s faults are file operations (else statements: SQLite, PostgreSQL)."""
     return kind in FILE_BACKENDS
 
 
@@ -46,16 +75,24 @@ def scenario_modes(name: str, kind: str, modes: tuple[str, ...]) -> tuple[str, .
     scope = _SCOPE.get(kind)
     if scope is None:
         return modes
-    names, allowed = scope
-    return tuple(m for m in modes if m in allowed) if name in names else ()
+    allowed = scope.get(name, frozenset())
+    return tuple(m for m in modes if m in allowed)
 
-Backend = JsonlBackend | SqliteBackend
+Backend: TypeAlias = "JsonlBackend | SqliteBackend | PostgresBackend"
+
+#: The PostgreSQL server of the ``postgres`` kind (a libpq URL); ``harness chaos`` sets it.
+PG_URL_ENV: Final = "HARNESS_CHAOS_POSTGRES_URL"
+#: The prefix of the schemas of one campaign (``harness chaos`` drops them afterwards).
+PG_PREFIX_ENV: Final = "HARNESS_CHAOS_POSTGRES_PREFIX"
+#: A server named here is used instead of a throwaway cluster (as by ``harness bench``).
+PG_BENCH_URL_ENV: Final = "HARNESS_BENCH_POSTGRES_URL"
 
 
 def backend_location(probe_or_root: Probe | Path, kind: str) -> Path:
-    """Where a scenario's ``kind`` backend keeps its data under the attempt's tmp_path."""
+    """Where a scenario's ``kind`` backend keeps its data under the attempt's tmp_path
+    (``postgres``: the path its schema name is derived from)."""
     root = probe_or_root.tmp_path if isinstance(probe_or_root, Probe) else probe_or_root
-    if kind in ("jsonl", "jsonl-zstd"):
+    if kind in ("jsonl", "jsonl-zstd", "postgres"):
         return root / kind
     if kind == "sqlite":
         return root / "sessions.sqlite"
@@ -64,18 +101,22 @@ def backend_location(probe_or_root: Probe | Path, kind: str) -> Path:
 
 def make_backend(probe: Probe, kind: str) -> Backend:
     """The backend a scenario persists to: wired to ``probe.faults`` (a ``FaultyFiles``
-    / ``PowerLossFiles`` for JSONL, a ``SqliteFaults`` for SQLite) when the attempt
-    injects I/O faults or crashes, plain otherwise."""
+    / ``PowerLossFiles`` for JSONL, a ``SqliteFaults`` for SQLite and PostgreSQL) when
+    the attempt injects I/O faults or crashes, plain otherwise."""
     where = backend_location(probe, kind)
     faults = probe.faults
     if uses_files(kind):
         return JsonlBackend(where, files=faults if isinstance(faults, OsFiles) else None, compression=_compression(kind))
+    if kind == "postgres":
+        return _postgres(where, PgStatementFaults(faults) if isinstance(faults, SqliteFaults) else None)
     return SqliteBackend(where, faults=faults if isinstance(faults, SqliteFaults) else None)
 
 
 def plain_backend(root: Probe | Path, kind: str) -> Backend:
     """A fresh backend over the same location, without faults (to reload and check)."""
     where = backend_location(root, kind)
+    if kind == "postgres":
+        return _postgres(where, None)
     return JsonlBackend(where, compression=_compression(kind)) if uses_files(kind) else SqliteBackend(where)
 
 
@@ -89,9 +130,132 @@ def make_backend_at(root: str | Path, kind: str) -> Backend:
 
 
 def close_backend(backend: Backend) -> None:
-    """Release what a backend holds open (SQLite's connection; JSONL holds nothing)."""
-    if isinstance(backend, SqliteBackend):
+    """Release what a backend holds open (SQLite's connection, PostgreSQL's pool; JSONL
+    holds nothing)."""
+    if not isinstance(backend, JsonlBackend):
         backend.close()
+
+
+# -- PostgreSQL ----------------------------------------------------------------------------------
+
+
+def postgres_schema(where: Path) -> str:
+    """The schema of the ``postgres`` backend at ``where``: the campaign's prefix and a
+    digest of the path (an attempt's tmp_path is unique, so is its schema)."""
+    prefix = os.environ.get(PG_PREFIX_ENV, "chaos_")
+    return prefix + hashlib.sha256(str(where.resolve()).encode()).hexdigest()[:16]
+
+
+def _postgres(where: Path, faults: PgStatementFaults | None) -> PostgresBackend:
+    from harness.persistence import PostgresBackend
+
+    url = os.environ.get(PG_URL_ENV)
+    if not url:
+        raise RuntimeError(
+            f"the postgres chaos kind needs a server: set {PG_URL_ENV} (harness chaos starts a throwaway "
+            f"cluster itself, or uses {PG_BENCH_URL_ENV})"
+        )
+    return PostgresBackend(url, schema=postgres_schema(where), faults=faults, pool_size=2, pool_timeout=10.0)
+
+
+_PG_ERRORS: Final = {
+    "full": ("DiskFull", "could not extend file: No space left on device"),
+    "ioerr": ("IoError", "could not write block: Input/output error"),
+}
+
+
+class PgStatementFaults:
+    """The PostgreSQL backend's statement hook, driven by a :class:`SqliteFaults` (which
+    counts the statements and decides which one fails or crashes; the explorers read
+    it). A failure becomes the server's ``DiskFull`` / ``IoError``, except at a
+    ``COMMIT``: that one runs, and then its answer is lost
+    (``OperationalError``, as when the connection drops right after the commit), so
+    the caller cannot tell whether it landed. :class:`SimulatedCrash` passes through."""
+
+    def __init__(self, counter: SqliteFaults) -> None:
+        self.counter = counter
+        self._local = threading.local()
+
+    def before(self, sql: str) -> None:
+        import psycopg.errors
+
+        try:
+            self.counter.before(sql)
+        except sqlite3.OperationalError as exc:
+            if sql == "COMMIT":
+                self._local.lost = str(exc)  # it runs; :meth:`after` loses its answer
+                return
+            name, message = _PG_ERRORS[self.counter.error]
+            raise getattr(psycopg.errors, name)(f"{message} (injected: {exc})") from None
+
+    def after(self, sql: str) -> None:
+        import psycopg
+
+        lost = getattr(self._local, "lost", None)
+        if lost is not None and sql == "COMMIT":
+            self._local.lost = None
+            raise psycopg.OperationalError(
+                f"server closed the connection unexpectedly after COMMIT (injected: {lost})"
+            )
+
+
+@contextlib.contextmanager
+def postgres_server(err: TextIO) -> Iterator[str | None]:
+    """The server of the ``postgres`` kind for a campaign, exported in :data:`PG_URL_ENV`
+    (worker processes inherit it) with a fresh schema prefix: the one already named
+    there or in :data:`PG_BENCH_URL_ENV` (its schemas of this campaign are dropped at
+    the end), else a throwaway local cluster (destroyed at the end). Yields ``None``,
+    having said why on ``err``, when there is none (no binaries, no psycopg)."""
+    from harness.persistence._postgres_cluster import missing, start_cluster
+
+    saved = {k: os.environ.get(k) for k in (PG_URL_ENV, PG_PREFIX_ENV)}
+    url = os.environ.get(PG_URL_ENV) or os.environ.get(PG_BENCH_URL_ENV)
+    cluster = None
+    if not url:
+        why = missing()
+        if why is not None:
+            err.write(f"harness chaos: skipping the postgres kind: {why} (or set {PG_BENCH_URL_ENV})\n")
+            yield None
+            return
+        try:
+            cluster = start_cluster()
+        except Exception as exc:
+            err.write(f"harness chaos: skipping the postgres kind: the throwaway cluster did not start: {exc}\n")
+            yield None
+            return
+        url = cluster.url
+    prefix = f"chaos_{secrets.token_hex(4)}_"
+    os.environ[PG_URL_ENV] = url
+    os.environ[PG_PREFIX_ENV] = prefix
+    try:
+        yield url
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        if cluster is not None:
+            cluster.destroy()
+        else:
+            _drop_schemas(url, prefix, err)
+
+
+def _drop_schemas(url: str, prefix: str, err: TextIO) -> None:
+    import psycopg
+
+    try:
+        with psycopg.connect(url, autocommit=True, connect_timeout=10) as conn:
+            names = [
+                r[0]
+                for r in conn.execute(
+                    "SELECT nspname FROM pg_namespace WHERE starts_with(nspname, %s)", (prefix,)
+                ).fetchall()
+            ]
+            for name in names:
+                conn.execute(f'DROP SCHEMA "{name}" CASCADE')
+    except psycopg.Error as exc:
+        err.write(f"harness chaos: dropping the campaign's schemas ({prefix}*) failed: {exc}\n")
 
 
 # -- what persistence scenarios share ---------------------------------------------------------

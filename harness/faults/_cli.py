@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import contextlib
 import json
 import multiprocessing
 import sys
@@ -13,11 +14,12 @@ from typing import Final, TextIO
 
 import attrs
 
-from harness.faults._backends import BACKENDS
+from harness.faults._backends import BACKENDS, postgres_server
 from harness.faults._explore import ExploreReport, ProgressFn, ReplayKey, Scenario, explore
 from harness.faults._io import explore_crash, explore_io, kill_campaign, replay
 
 MODES: Final = ("checkpoints", "io", "crash")
+POSTGRES: Final = "postgres"
 
 
 @attrs.frozen
@@ -224,7 +226,7 @@ def violations_text(campaign: Campaign) -> str:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("scenarios", nargs="*", metavar="SCENARIO", help="scenario names (default: all); NAME selects every backend it runs on, NAME/BACKEND one (jsonl, sqlite, jsonl-zstd)")
+    parser.add_argument("scenarios", nargs="*", metavar="SCENARIO", help="scenario names (default: all); NAME selects every backend it runs on, NAME/BACKEND one (jsonl, sqlite, jsonl-zstd, postgres: a throwaway local cluster unless HARNESS_BENCH_POSTGRES_URL is set)")
     parser.add_argument("--seeds", type=int, default=1, help="schedule seeds to explore per step (default 1)")
     parser.add_argument("--mode", choices=[*MODES, "all"], default="all", help="what to inject (default: all)")
     parser.add_argument("--budget", choices=sorted(BUDGETS), default="full", help="ci: every step, 8 SIGKILL rounds per backend (CI); full: 50 rounds (default)")
@@ -258,15 +260,21 @@ def main(args: argparse.Namespace, *, out: TextIO | None = None, err: TextIO | N
         return 2
     modes = MODES if args.mode == "all" else (args.mode,)
     progress = Progress(err)
-    campaign = run_campaign(
-        scenarios,
-        modes=modes,
-        seeds=args.seeds,
-        budget=BUDGETS[args.budget],
-        jobs=args.jobs,
-        progress=progress.update,
-        on_report=progress.finished,
-    )
+    with contextlib.ExitStack() as stack:
+        if any(s.backend == POSTGRES for s in scenarios):
+            # Its own server (or HARNESS_BENCH_POSTGRES_URL's) for the whole campaign;
+            # without one the kind is skipped, saying why.
+            if stack.enter_context(postgres_server(err)) is None:
+                scenarios = [s for s in scenarios if s.backend != POSTGRES]
+        campaign = run_campaign(
+            scenarios,
+            modes=modes,
+            seeds=args.seeds,
+            budget=BUDGETS[args.budget],
+            jobs=args.jobs,
+            progress=progress.update,
+            on_report=progress.finished,
+        )
     if args.json:
         json.dump(campaign.to_json(), out, indent=2)
         out.write("\n")
@@ -289,7 +297,10 @@ def _replay(text: str, out: TextIO, err: TextIO) -> int:
     if scenario.name != key.scenario:
         err.write(f"harness chaos: {key.scenario!r} names several scenarios; add /BACKEND\n")
         return 2
-    attempt = replay(scenario, key)
+    with contextlib.ExitStack() as stack:
+        if scenario.backend == POSTGRES and stack.enter_context(postgres_server(err)) is None:
+            return 2
+        attempt = replay(scenario, key)
     out.write(
         f"{attempt.key}: {attempt.outcome}, {attempt.steps} steps, "
         f"{'fired' if attempt.fired else 'not fired'}, {attempt.wall_time:.2f}s\n"

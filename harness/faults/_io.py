@@ -63,6 +63,7 @@ IO_FAULTS: Final[dict[str, dict[str, int | str]]] = {
     "jsonl": {"enospc": errno.ENOSPC, "eio": errno.EIO},
     "sqlite": {"full": "full", "ioerr": "ioerr"},
     "jsonl-zstd": {"enospc": errno.ENOSPC, "eio": errno.EIO},
+    "postgres": {"full": "full", "ioerr": "ioerr"},  # statements fail as SQLite's do
 }
 CRASH: Final = "crash"
 SIGKILL: Final = "sigkill"

@@ -1,6 +1,7 @@
 """The child process of :func:`harness.faults.kill_campaign`.
 
-``python -m harness.faults._killchild jsonl|sqlite|jsonl-zstd ROOT``: resume the session
+``python -m harness.faults._killchild jsonl|sqlite|jsonl-zstd|postgres ROOT``
+(ROOT as the campaign lays it out: ``backend_location``): resume the session
 ``crashy`` (or create it), then append turns with a tool call and flush, forever,
 printing ``ready <seq>`` once and ``durable <n>`` after every flush that returned (the
 first ``n`` events are acknowledged). The parent kills it with SIGKILL.

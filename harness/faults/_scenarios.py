@@ -1081,9 +1081,11 @@ def _bind(fn: Callable[[Probe, str], Awaitable[None]], kind: str) -> Callable[[P
     return run
 
 
+
 def builtin_scenarios() -> list[Scenario]:
     """Every built-in scenario, one per backend (``NAME/jsonl``, ``NAME/sqlite``, and
-    for a subset ``NAME/jsonl-zstd``, see :func:`~harness.faults._backends.scenario_modes`)."""
+    for a subset ``NAME/jsonl-zstd`` and ``NAME/postgres``, see
+    :func:`~harness.faults._backends.scenario_modes`)."""
     out: list[Scenario] = []
     for name, fn, description, cancellers, all_modes in _DEFS:
         for kind in BACKENDS:

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
+import sys
 import weakref
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from itertools import repeat
 from typing import Any, final
@@ -16,6 +18,7 @@ from harness.errors import (
     EventError,
     HarnessError,
     PersistenceArgumentError,
+    PersistenceCloseError,
     PersistenceError,
     PreparationDisposedError,
     SessionCorruptionError,
@@ -27,7 +30,13 @@ from harness.errors import (
 )
 from harness.persistence._backend import Backend, StoredLog, WriterLease
 from harness.persistence._restore import build_session as build_session
-from harness.persistence._service import ServiceMixin, _canonical, refuse_legacy, reproduces
+from harness.persistence._service import (
+    ServiceMixin,
+    _canonical,
+    _EnvelopeState,
+    refuse_legacy,
+    reproduces,
+)
 from harness.persistence._writer import (
     Leftover,
     SessionWriter,
@@ -129,7 +138,7 @@ class Persistence(ServiceMixin):
         # Failed retirements: only what a retry needs (not the session).
         self._leftovers: list[Leftover] = []
         # Retirement failures nothing can retry (a wedged write): reported by aclose.
-        self._unrecoverable: list[BaseException] = []
+        self._unrecoverable: list[PersistenceError] = []
         # id -> every incarnation still retiring, oldest first.
         self._retirements: dict[str, list[tuple[SessionWriter, trio.Event]]] = {}
         self._init_service()
@@ -170,10 +179,20 @@ class Persistence(ServiceMixin):
         elif (claimed := self._claim_state(handle.id, session)) is not None:
             # An envelope session of this service (create/append): the live session's
             # seed reproduced it, so it continues the stored log; the stored header wins.
+            claim_box: list[SessionWriter] = []
+
+            async def verify_claim() -> None:
+                await self._verify_claim(claim_box[0], claimed)
+
             writer = self._new_writer(
-                session, materialized=claimed.materialized, cursor=claimed.cursor, lease=None
+                session,
+                materialized=claimed.materialized,
+                cursor=claimed.cursor,
+                lease=None,
+                before_first_write=verify_claim if claimed.materialized else None,
             )
             writer._header = dict(claimed.meta)
+            claim_box.append(writer)
         else:
             sid = handle.id
             box: list[SessionWriter] = []
@@ -233,6 +252,32 @@ class Persistence(ServiceMixin):
         writer.materialized = True
         writer.pending = [r for r in writer.pending if r["seq"] >= n]
         writer.durable = max(writer.durable, n)
+
+    async def _verify_claim(self, writer: SessionWriter, claimed: _EnvelopeState) -> None:
+        """Before the first batch of a live session that claimed an ownerless stored log
+        (left by :meth:`load`, :meth:`append` or their adoption): take the writer lock
+        and check, under it, that the log is still the one the claim was checked
+        against (:meth:`_verify_unchanged`: same revision, else the same events and no
+        torn tail). Another process may have appended to it since: the write then
+        fails with :class:`SessionLogExistsError` (``FlushError`` caused by it), the
+        lock is released and nothing is written; every later write checks again.
+
+        Runs under the writer's lock (``before_first_write``). Cancellation: the
+        storage work runs on a worker thread and is not abandoned; a lock it took is
+        the writer's (released by its retirement), even if the caller is cancelled."""
+        sid = writer.id
+        assert writer.lease is None  # a claim holds no lock until its first write
+
+        def work() -> WriterLease:
+            lease = self.backend.acquire_writer(writer._header)
+            try:
+                self._verify_unchanged(sid, claimed, live=True)
+            except BaseException:
+                lease.release()
+                raise
+            return lease
+
+        writer.lease = await trio.to_thread.run_sync(work)
 
     def _new_writer(self, session: Session, **kwargs: Any) -> SessionWriter:
         return SessionWriter(
@@ -580,36 +625,88 @@ class Persistence(ServiceMixin):
         return handle
 
     async def aclose(self) -> None:
-        """Flush and retire every writer; raise the first failure after trying all.
+        """Flush and retire every writer, retry every failed retirement, dispose every
+        unpublished preparation; after trying all of them, report every session whose
+        last events could not be made durable.
 
-        Cancellation: call it shielded (:func:`open_persistence` does): a cancelled
-        caller would leave writers unretired and their locks held until they retire
-        later. Each storage wait inside is bounded (``WRITE_WAIT_LIMIT``). Idempotent
-        per writer.
+        Each failed session is reported once to the store's warnings channel
+        (:class:`~harness.runtime.WarningReport` ``kind="write-failed"``,
+        ``source="close"``, its ``session_id`` and error; logged too), then one
+        :class:`PersistenceCloseError` is raised naming them all (``failures``: session
+        id -> error, ``errors``: every error; the first is the ``__cause__``). The
+        warnings reach the application even when the close error itself is dropped
+        (``open_persistence`` exiting with the body's own exception).
+
+        Cancellation: call it shielded (:func:`open_persistence` does). Each storage
+        wait inside is shielded and bounded (``WRITE_WAIT_LIMIT``), so a cancelled
+        caller never leaves a batch half-written; but ``Cancelled`` then propagates at
+        the next checkpoint, the writers not retired yet stay registered with their
+        locks held (a later ``aclose`` retries them), and the failures met so far are
+        still reported to the warnings channel (not raised). Idempotent per writer.
+
+        Ownership: after it returns (or raises :class:`PersistenceCloseError`) this
+        persistence holds no writer, lock or preparation.
         """
-        for f in self._unsubscribe:
+        unsubscribe, self._unsubscribe = self._unsubscribe, []
+        for f in unsubscribe:
             f()
-        errors: list[BaseException] = []
-        for writer in [*self._writers.values(), *self._retiring]:
-            try:
-                await writer.retire()
-            except Exception as exc:
-                errors.append(exc)
-        self._writers.clear()
-        self._retiring.clear()
-        errors.extend(self._unrecoverable)
-        self._unrecoverable = []
-        leftovers, self._leftovers = self._leftovers, []
-        for leftover in leftovers:
-            try:
-                await run_storage_call(functools.partial(retry_leftover, self.backend, leftover))
-            except Exception as exc:
-                log.warning('%s: retrying the retirement of session "%s" failed: %s', self.backend.name, leftover.id, exc)
-                errors.append(exc)
-        for prep in list(self._reserved.values()):
-            await prep.dispose()
-        if errors:
-            raise PersistenceError(f"{self.backend.name}: closing failed: {errors[0]}") from errors[0]
+        failures: list[tuple[str, Exception]] = []
+        finished = False
+        try:
+            for writer in [*self._writers.values(), *self._retiring]:
+                try:
+                    await writer.retire()
+                except Exception as exc:
+                    failures.append((writer.id, exc))
+            self._writers.clear()
+            self._retiring.clear()
+            unrecoverable, self._unrecoverable = self._unrecoverable, []
+            failures.extend((exc.session_id or "", exc) for exc in unrecoverable)
+            while self._leftovers:
+                # One at a time: a cancelled close keeps the ones it did not try.
+                leftover = self._leftovers.pop(0)
+                try:
+                    await run_storage_call(functools.partial(retry_leftover, self.backend, leftover))
+                except Exception as exc:
+                    failures.append((leftover.id, exc))
+            for prep in list(self._reserved.values()):
+                await prep.dispose()
+            finished = True
+        finally:
+            # Reported even when cancelled half-way: a lost event is never silent.
+            error = self._report_close_failures(failures, finished=finished)
+        if error is not None:
+            raise error from error.errors[0]
+
+    def _report_close_failures(
+        self, failures: Sequence[tuple[str, Exception]], *, finished: bool
+    ) -> PersistenceCloseError | None:
+        """One warning per failed session; the error :meth:`aclose` raises (``None``
+        if nothing failed)."""
+        if not failures:
+            return None
+        by_id: dict[str, list[Exception]] = {}
+        for sid, exc in failures:
+            by_id.setdefault(sid, []).append(exc)
+        name = self.backend.name
+        for sid, errs in by_id.items():
+            what = "; ".join(dict.fromkeys(str(e) for e in errs))
+            self.store.warnings.report(
+                log,
+                "write-failed",
+                "close",
+                f'{name}: closing: session "{sid}": '
+                f"{'its last events could not be made durable and are lost' if finished else 'its last events are not durable (close cancelled)'}: "
+                f"{what}",
+                session_id=sid or None,
+                error=errs[0],
+            )
+        shown = "; ".join(f'"{sid}": {errs[0]}' for sid, errs in by_id.items())
+        return PersistenceCloseError(
+            f"{name}: closing failed for {len(by_id)} session(s): {shown}",
+            failures={sid: errs[0] for sid, errs in by_id.items()},
+            errors=tuple(exc for _, exc in failures),
+        )
 
 
 _LEGACY_TYPES = frozenset({"request/header-delta", "mode/set", "steering/message"})
@@ -643,10 +740,16 @@ async def open_persistence(
 
     ``prepared_session_cache_size`` (a positive integer, default 5, as the reference's
     ``preparedSessionCacheSize``) bounds the LRU of cold inspections kept for reuse.
+    ``write_delay`` (seconds, finite, >= 0) is the write-behind window. Either one out of
+    range raises :class:`PersistenceArgumentError` before anything opens.
 
     Open it inside the store's block. Leaving flushes and retires every writer (the
-    store's own exit then detaches sessions with nothing left to write); if a final
-    flush fails, :class:`PersistenceError` is raised after everything was tried.
+    store's own exit then detaches sessions with nothing left to write); if final
+    writes fail, :class:`PersistenceCloseError` (a :class:`PersistenceError`) naming
+    every failed session is raised after everything was tried, and each failed session
+    is reported to ``store.warnings``. If the block exits with its own exception, that
+    one wins: the close error is added to it as a note (and the warnings were sent);
+    a cancellation of the block does not win: the close error replaces it.
 
     Cancellation of the block still flushes and retires writers (shielded).
     """
@@ -654,6 +757,10 @@ async def open_persistence(
         raise PersistenceArgumentError(
             f"prepared_session_cache_size must be a positive integer, got {prepared_session_cache_size!r}"
         )
+    # Checked here, not at the first window: a negative or NaN delay would reach the
+    # write-behind task and fail it in the background, away from the caller.
+    if type(write_delay) not in (int, float) or not 0 <= write_delay < math.inf:
+        raise PersistenceArgumentError(f"write_delay must be a finite number of seconds >= 0, got {write_delay!r}")
     failure: BaseException | None = None
     async with trio.open_nursery() as nursery:
         persistence = Persistence(store, backend, nursery, write_delay=write_delay)
@@ -661,11 +768,18 @@ async def open_persistence(
         try:
             yield persistence
         finally:
+            in_flight = sys.exc_info()[1]  # the block's own exception, if it raised
             with trio.CancelScope(shield=True):
                 try:
                     await persistence.aclose()
                 except PersistenceError as exc:
                     failure = exc
             nursery.cancel_scope.cancel()
+            if failure is not None and in_flight is not None and not isinstance(in_flight, trio.Cancelled):
+                # The block's exception wins; the close failure rides along on it (and
+                # was reported to the warnings channel, one report per session). A
+                # cancellation does not win: the close failure replaces it (below).
+                in_flight.add_note(f"while closing the persistence: {failure}")
+                failure = None
     if failure is not None:
         raise failure

@@ -290,28 +290,24 @@ class JsonlBackend:
         path = self.locate(session_id)
         if path is None:
             raise PersistedSessionNotFoundError(f'session "{session_id}" not found', session_id=session_id)
-        for _ in range(10):
-            before = _stat_key(path)
-            data = path.read_bytes()
-            if _stat_key(path) == before:
-                break
+        data, revision = _read_stable(path)
         good = self._torn.get(session_id)
         if good is not None and len(data) > good:
             # A failed append whose rollback failed left bytes past ``good``: they
             # were never acknowledged. Read the log as if they were cut, and report
             # them as a torn tail so that a repair cuts them before anything lands.
-            stored = self._read(session_id, path, data[:good])
+            stored = self._read(session_id, path, data[:good], revision)
             if stored.truncate_to is None:
                 stored = attrs.evolve(stored, truncate_to=good)
                 if self._codec is not None:
                     self._recovered[session_id] = (good, stored.revision, b"")
             return stored
-        return self._read(session_id, path, data)
+        return self._read(session_id, path, data, revision)
 
-    def _read(self, session_id: str, path: Path, data: bytes) -> StoredLog:
+    def _read(self, session_id: str, path: Path, data: bytes, revision: str) -> StoredLog:
         if self._codec is None:
-            return self._scan(session_id, path, data)
-        return self._scan_zstd(session_id, path, data, self._codec)
+            return self._scan(session_id, path, data, revision)
+        return self._scan_zstd(session_id, path, data, self._codec, revision)
 
     def _header(self, session_id: str, path: Path, line: bytes) -> dict[str, Any]:
         """Parse and check the header line (no newline), then the file's identity.
@@ -341,7 +337,7 @@ class JsonlBackend:
             )
         return header
 
-    def _scan(self, session_id: str, path: Path, data: bytes) -> StoredLog:
+    def _scan(self, session_id: str, path: Path, data: bytes, revision: str) -> StoredLog:
         nl = data.find(b"\n")
         if nl < 0:
             raise SessionCorruptionError("empty or header-less session log", session_id=session_id)
@@ -357,9 +353,9 @@ class JsonlBackend:
             else:
                 records, committed = _slow_scan(session_id, lines, nl + 1)
         truncate_to = committed if committed < size else None
-        return StoredLog(header, records, truncate_to, _revision(path))
+        return StoredLog(header, records, truncate_to, revision)
 
-    def _scan_zstd(self, session_id: str, path: Path, data: bytes, codec: ZstdCodec) -> StoredLog:
+    def _scan_zstd(self, session_id: str, path: Path, data: bytes, codec: ZstdCodec, revision: str) -> StoredLog:
         """The zstd reading rules (reference §1.3, §1.5 rule 5): every complete frame
         must decode (checksums verified) and end on a record boundary with no issue;
         only a torn final frame is repairable. Its complete lines that continue the
@@ -389,7 +385,6 @@ class JsonlBackend:
                     "corrupt Zstandard session log: complete frame contains a torn JSONL record",
                     session_id=session_id,
                 )
-            revision = _revision(path)
             if torn_start is None:
                 self._recovered.pop(session_id, None)
                 return StoredLog(header, records, None, revision)
@@ -416,11 +411,7 @@ class JsonlBackend:
         path = self.locate(session_id)
         if path is None:
             return None
-        for _ in range(10):
-            before = _stat_key(path)
-            data = path.read_bytes()
-            if _stat_key(path) == before:
-                break
+        data, _ = _read_stable(path)
         if self._codec is not None:
             frames, _ = scan_frames(data)
             if not frames:
@@ -960,14 +951,24 @@ def _describe_holder(holder: Any) -> str:
     return "another process"
 
 
-def _stat_key(path: Path) -> tuple[int, int, int]:
-    st = path.stat()
-    return (st.st_size, st.st_mtime_ns, st.st_ino)
-
-
 def _revision(path: Path) -> str:
     st = path.stat()
     return f"{st.st_dev}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}"
+
+
+def _read_stable(path: Path) -> tuple[bytes, str]:
+    """The file's bytes and the revision they belong to. The revision is the stat
+    taken *before* the read, kept only when the stat after it is the same: a
+    revision taken after decoding could pair old bytes with a newer file (another
+    process appending meanwhile), and the revision checks before a write would then
+    miss that append. A file still moving after ten tries is returned with the stat
+    from before its last read, which a later revision check sees as moved."""
+    for _ in range(10):
+        before = _revision(path)
+        data = path.read_bytes()
+        if _revision(path) == before:
+            break
+    return data, before
 
 
 def _same_file(a: Path, b: Path) -> bool:

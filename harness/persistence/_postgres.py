@@ -23,6 +23,9 @@ batch continues the stored log, and inserts the packed rows with ``COPY``. A wri
 whose lease was taken over gets :class:`LeaseLostError` and nothing of its batch
 lands. A batch retried after a commit whose outcome was unknown (the connection died
 during ``COMMIT``) is recognised: the part already stored is skipped, the rest lands.
+So is a first write (``materialize``) retried that way: its session row carries the
+incarnation that very write generated (remembered while the commit is in doubt), its
+header and the head of the retried batch; anything else is still refused.
 
 psycopg and pool errors never escape: they become :class:`StorageIOError` naming the
 session (the original chained as the cause).
@@ -148,8 +151,12 @@ class PostgresBackend:
             application_name=application_name,
             faults=faults,
             create=create,
+            on_crash=self._die,
         )
         self._leases = LeaseTable(self._db, self.host, ttl_ms)
+        # sid -> (incarnation, header text) of a first write (materialize) whose COMMIT
+        # outcome is unknown: its retry recognises the session it created itself.
+        self._in_doubt: dict[str, tuple[str, str]] = {}
 
     def __repr__(self) -> str:
         return f"<PostgresBackend schema={self.schema!r}>"
@@ -162,6 +169,13 @@ class PostgresBackend:
         if fragment:
             kw.setdefault("schema", fragment)
         return cls(base, **kw)
+
+    def _die(self) -> None:
+        """A simulated crash (:class:`SimulatedCrash` through ``faults``): this
+        "process" is dead; its leases are no longer vouched for nor renewed (their
+        rows stay, as after a real death) and it forgets its in-doubt first writes."""
+        self._leases.forget()
+        self._in_doubt.clear()
 
     def close(self) -> None:
         """Stop lease renewals and close the pool (its connections close; a lease still
@@ -277,24 +291,65 @@ class PostgresBackend:
         self, header: dict[str, Any], records: list[dict[str, Any]], *, lease: WriterLease | None = None
     ) -> None:
         """Create the session with its first events, in one transaction; refuses
-        (:class:`SessionLogExistsError`) when it already exists."""
+        (:class:`SessionLogExistsError`) when it already exists.
+
+        A retry after a ``COMMIT`` whose outcome was unknown recognises the session
+        this backend created itself, the way JSONL recognises its own link ("same
+        inode, same bytes"): the stored row carries the incarnation (a fresh UUID)
+        that write generated, the header it wrote, and events that are exactly the
+        head of the retried batch. The rest of the batch is then appended. Anything
+        else (another writer's session, a re-created one, different content) is
+        refused as before: a second materialize never overwrites."""
         sid = header["id"]
         text = orjson.dumps(header_record(header)).decode()
-        rows = bind_records(sid, records, pack=True)
-        with self._db.txn(sid, "creating the session") as conn:
-            self._leases.check(conn, sid, lease, len(records))
-            inserted = self._db.rows(
-                conn,
-                f"INSERT INTO {self.schema}.sessions (id, header, incarnation, revision) VALUES (%s, %s, %s, 1) "
-                "ON CONFLICT (id) DO NOTHING RETURNING 1",
-                (sid, text, str(uuid.uuid4())),
-            )
-            if not inserted:
-                raise SessionLogExistsError(
-                    f'refusing to materialize "{sid}": a log already exists on disk (load/resume it instead)',
-                    session_id=sid,
+        incarnation = str(uuid.uuid4())
+        doubt = self._in_doubt.get(sid)
+        mine = incarnation
+        committing = False
+        try:
+            with self._db.txn(sid, "creating the session") as conn:
+                self._leases.check(conn, sid, lease, len(records))
+                inserted = self._db.rows(
+                    conn,
+                    f"INSERT INTO {self.schema}.sessions (id, header, incarnation, revision) VALUES (%s, %s, %s, 1) "
+                    "ON CONFLICT (id) DO NOTHING RETURNING 1",
+                    (sid, text, incarnation),
                 )
-            self._copy(conn, rows)
+                if inserted:
+                    self._copy(conn, bind_records(sid, records, pack=True))
+                else:
+                    stored = None if doubt is None else self._own_first_write(conn, sid, doubt, text, records)
+                    if stored is None or doubt is None:
+                        raise SessionLogExistsError(
+                            f'refusing to materialize "{sid}": a log already exists on disk (load/resume it instead)',
+                            session_id=sid,
+                        )
+                    mine = doubt[0]  # our own first write did land: complete it
+                    if stored < len(records):
+                        self._copy(conn, bind_records(sid, records[stored:], pack=True))
+                        self._bump(conn, sid)
+                committing = True
+        except Exception as exc:
+            if committing:  # the COMMIT failed: it may have landed
+                self._in_doubt[sid] = (mine, text)
+            elif isinstance(exc, SessionLogExistsError):
+                self._in_doubt.pop(sid, None)
+            raise
+        self._in_doubt.pop(sid, None)
+
+    def _own_first_write(
+        self, conn: Connection[Any], sid: str, doubt: tuple[str, str], text: str, records: list[dict[str, Any]]
+    ) -> int | None:
+        """How many leading ``records`` the in-doubt first write ``doubt`` stored, if
+        the stored session is that write's (same incarnation and header, events exactly
+        the head of ``records``); ``None`` if it is not."""
+        header_text, incarnation, _revision = self._session(conn, sid, lock=True)
+        if str(incarnation) != doubt[0] or header_text != doubt[1] or text != doubt[1]:
+            return None
+        stored, torn = self._scan(conn, sid)
+        if torn is not None or len(stored) > len(records):
+            return None
+        return len(stored) if _same(stored, records[: len(stored)]) else None
 
     def _copy(self, conn: Connection[Any], rows: list[tuple[Any, ...]]) -> None:
         if not rows:
@@ -380,12 +435,7 @@ class PostgresBackend:
         stored = [e for e in stored if e["seq"] >= first]
         if torn is not None or len(stored) != count:
             return None
-        opt = orjson.OPT_SORT_KEYS
-        try:
-            same = all(orjson.dumps(a, option=opt) == orjson.dumps(b, option=opt) for a, b in zip(stored, head, strict=True))
-        except TypeError:
-            return None
-        return count if same else None
+        return count if _same(stored, head) else None
 
     def commit_repair(
         self,
@@ -433,7 +483,17 @@ class PostgresBackend:
             if not self._db.rows(conn, f"DELETE FROM {self.schema}.sessions WHERE id = %s RETURNING 1", (session_id,)):
                 raise PersistedSessionNotFoundError(f'session "{session_id}" not found', session_id=session_id)
 
-    # -- leases -------------------------------------------------------------------------
+
+def _same(stored: list[dict[str, Any]], given: list[dict[str, Any]]) -> bool:
+    """Whether the stored events are exactly the given records (key order aside)."""
+    opt = orjson.OPT_SORT_KEYS
+    try:
+        return len(stored) == len(given) and all(
+            orjson.dumps(a, option=opt) == orjson.dumps(b, option=opt) for a, b in zip(stored, given, strict=True)
+        )
+    except TypeError:
+        return False
+
 
 def _covers(sid: str, row: Row, seq: int) -> bool:
     """Whether packed ``row`` reaches ``seq`` (or does not decode: it might, and the

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, Final, Protocol
 
@@ -27,6 +27,7 @@ from psycopg import Connection
 from psycopg_pool import ConnectionPool, PoolClosed, PoolTimeout
 
 from harness.errors import StorageIOError
+from harness.persistence._files import SimulatedCrash
 from harness.persistence._postgres_schema import open_schema
 
 log = logging.getLogger("harness.persistence")
@@ -37,7 +38,12 @@ READ: Final = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
 class StatementFaults(Protocol):
     """Called before every statement the backend runs (``BEGIN``/``COMMIT``/``COPY``
     included), in order; it may raise to inject a fault. Lease renewals by the
-    keeper thread and probes are not reported (their timing varies from run to run)."""
+    keeper thread and probes are not reported (their timing varies from run to run).
+
+    A hook may also define ``after(sql)``, called once a statement run through
+    :meth:`PgConnections.exec` returned (not after ``COPY``): raising there models a
+    statement that ran on the server but whose answer was lost (a ``COMMIT`` that
+    landed, then the connection dropped)."""
 
     def before(self, sql: str) -> None: ...
 
@@ -61,9 +67,11 @@ class PgConnections:
         application_name: str,
         faults: StatementFaults | None,
         create: bool,
+        on_crash: Callable[[], None] | None = None,
     ) -> None:
         self.schema = schema
         self.faults = faults
+        self._on_crash = on_crash
         self._create = create
         settings = (
             f"SET idle_in_transaction_session_timeout = {idle_ms}",
@@ -117,9 +125,15 @@ class PgConnections:
             return self.store_id
 
     def exec(self, conn: Connection[Any], sql: str, params: Sequence[Any] = ()) -> psycopg.Cursor[Any]:
-        if self.faults is not None:
-            self.faults.before(sql)
-        return conn.execute(sql, params)
+        faults = self.faults
+        if faults is None:
+            return conn.execute(sql, params)
+        faults.before(sql)
+        cur = conn.execute(sql, params)
+        after = getattr(faults, "after", None)
+        if after is not None:
+            after(sql)
+        return cur
 
     def rows(self, conn: Connection[Any], sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         cur = self.exec(conn, sql, params)
@@ -159,11 +173,13 @@ class PgConnections:
                 raise self.io_error(sid, what, exc) from exc
             except Exception:
                 raise
-            except BaseException:
+            except BaseException as exc:
                 # Interrupted anywhere (a simulated crash, KeyboardInterrupt): the
                 # protocol state is unknown, so the connection goes, as with a dead
                 # process; the server rolls its transaction back.
                 conn.close()
+                if isinstance(exc, SimulatedCrash) and self._on_crash is not None:
+                    self._on_crash()  # the "process" died: it vouches for no lease any more
                 raise
             finally:
                 if not done:

@@ -130,6 +130,12 @@ class LeaseKeeper:
             self._held.pop(token, None)
             self._wake.notify_all()
 
+    def forget(self) -> None:
+        """Forget every lease without waiting (a dead process renews nothing)."""
+        with self._wake:
+            self._held.clear()
+            self._wake.notify_all()
+
     def stop(self) -> None:
         """Forget every lease and wait (bounded) for a renewal under way to end."""
         with self._wake:

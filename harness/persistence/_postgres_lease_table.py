@@ -9,12 +9,13 @@ database server's clock, so hosts' clocks never have to agree.
 
 from __future__ import annotations
 
+import logging
 import secrets
 from typing import Any, Final
 
 from psycopg import Connection
 
-from harness.errors import LeaseLostError, SessionLockedError
+from harness.errors import LeaseLostError, SessionLockedError, StorageIOError
 from harness.persistence._backend import WriterLease
 from harness.persistence._postgres_conn import READ, PgConnections
 from harness.persistence._postgres_lease import (
@@ -26,6 +27,8 @@ from harness.persistence._postgres_lease import (
     holder_dead,
     identity,
 )
+
+log = logging.getLogger("harness.persistence")
 
 _LEASE_COLUMNS: Final = (
     "fence, token, host, pid, start_time, (extract(epoch FROM since) * 1000)::bigint, "
@@ -42,6 +45,7 @@ class LeaseTable:
         self.db = db
         self.host = host
         self._ttl_ms = ttl_ms
+        self.tokens: set[str] = set()  # tokens of leases handed out here and not released
         self.keeper = LeaseKeeper(f"postgres-lease-keeper {db.schema}", ttl_ms / 3000, self.renew_all)
 
     def row(self, conn: Connection[Any], sid: str) -> tuple[Any, ...] | None:
@@ -101,6 +105,7 @@ class LeaseTable:
         # Vouch for the token before it can be seen: another thread of this process
         # checking liveness must not find it "dead" between the commit and here.
         LIVE_TOKENS.add(token)
+        self.tokens.add(token)
         try:
             with self.db.txn(sid, "taking the writer lease") as conn:
                 values = (token, host, pid, start, self._ttl_ms)
@@ -131,10 +136,20 @@ class LeaseTable:
                 fence = int(rows[0][0])
         except BaseException:
             LIVE_TOKENS.discard(token)
+            self.tokens.discard(token)
             raise
         lease = PgLease(self, sid, token, fence, self.release, self.renew)
         self.keeper.hold(lease)
         return lease
+
+    def forget(self) -> None:
+        """A simulated crash of this process: stop vouching for (and renewing) every
+        lease handed out here, without touching their rows; another writer of this
+        host then finds their holder dead, as after the process's death."""
+        for token in list(self.tokens):
+            LIVE_TOKENS.discard(token)
+        self.tokens.clear()
+        self.keeper.forget()
 
     def renew(self, lease: PgLease) -> None:
         with self.db.txn(lease.session_id, "renewing the writer lease") as conn:
@@ -170,14 +185,22 @@ class LeaseTable:
     def release(self, lease: PgLease) -> None:
         # Stop vouching first: even if the update fails, others wait at most the TTL.
         LIVE_TOKENS.discard(lease.token)
+        self.tokens.discard(lease.token)
         self.keeper.drop(lease.token)
-        with self.db.txn(lease.session_id, "releasing the writer lease") as conn:
-            self.db.exec(
-                conn,
-                f"UPDATE {self.db.schema}.leases SET token = NULL, host = NULL, pid = NULL, start_time = NULL, "
-                "expires = NULL WHERE session_id = %s AND token = %s",
-                (lease.session_id, lease.token),
-            )
+        try:
+            with self.db.txn(lease.session_id, "releasing the writer lease") as conn:
+                self.db.exec(
+                    conn,
+                    f"UPDATE {self.db.schema}.leases SET token = NULL, host = NULL, pid = NULL, start_time = NULL, "
+                    "expires = NULL WHERE session_id = %s AND token = %s",
+                    (lease.session_id, lease.token),
+                )
+        except StorageIOError as exc:
+            # Best effort, as JSONL's flock release: the row keeps a token nobody
+            # vouches for any more, so a writer on this host takes it over at once
+            # (its holder is provably dead) and one elsewhere at its expiry. Raising
+            # would make a clean retirement (every event durable) look like a failure.
+            log.warning("postgres: %s (the lease is taken over at its expiry)", exc)
 
     def held(self, header: dict[str, Any]) -> bool:
         """True if a live lease on the session exists (unexpired, holder not provably

@@ -77,6 +77,11 @@ class _EnvelopeState:
     cursor: int  # stored length
     materialized: bool
     stored: Fingerprint = attrs.Factory(lambda: Fingerprint())
+    # The backend revision of the stored log when this state last read or wrote it
+    # (``None``: unknown, the next write compares the content instead). Another
+    # process may append to an ownerless log: a write checks it under the writer lock
+    # first (:meth:`ServiceMixin._verify_unchanged`).
+    revision: str | None = None
 
 
 class Fingerprint:
@@ -106,6 +111,15 @@ class Fingerprint:
         h = hashlib.blake2b(digest_size=32)
         for i in range(n):
             _feed(h, _canonical(event_to_record(events[i])))
+        return h.digest() == self._hash.digest()
+
+    def equals(self, records: Sequence[object]) -> bool:
+        """Whether ``records`` are exactly the stored events (same count, same content)."""
+        if len(records) != self.count:
+            return False
+        h = hashlib.blake2b(digest_size=32)
+        for record in records:
+            _feed(h, _canonical(record))
         return h.digest() == self._hash.digest()
 
 
@@ -335,18 +349,69 @@ class ServiceMixin:
             fingerprint = Fingerprint()
             fingerprint.extend(records)
             fingerprint.extend(closers)
-            return _EnvelopeState(header_record(stored.header), fingerprint.count, True, fingerprint)
+            # Read under the lock, after any repair: exactly the log this state describes.
+            revision = self._revision_or_unknown(session_id)
+            return _EnvelopeState(header_record(stored.header), fingerprint.count, True, fingerprint, revision)
         finally:
             lease.release()
 
+    def _revision_or_unknown(self, session_id: str) -> str | None:
+        """Blocking: the stored revision, or ``None`` (unknown: the next write compares
+        content instead) if it cannot be read; called where failing would misreport a
+        write that already landed."""
+        try:
+            return self.backend.revision(session_id)
+        except Exception as exc:
+            log.debug('session "%s": reading the revision failed: %s', session_id, exc)
+            return None
+
+    def _verify_unchanged(self, session_id: str, state: _EnvelopeState, *, live: bool = False) -> None:
+        """Blocking, under the session's writer lock, before writing for ``state``: the
+        stored log must still be the one ``state`` read or wrote last. An ownerless log
+        (after :meth:`load`, :meth:`append`, or the adoption of a stored log) holds no
+        lock between calls, so another process may have appended to it meanwhile;
+        appending after that would write seqs that are already taken (on JSONL, a
+        corrupt log). Same revision: fine. Another revision (or an unknown one): the
+        log is read again and must hold exactly the events ``state`` knows, with no
+        torn tail (a revision can move without new events, e.g. a ``touch``); then the
+        new revision is recorded. Otherwise raises :class:`SessionLogExistsError`
+        (nothing written; ``live``: a live session's claim, with the reference's
+        id-collision wording). A state not materialized yet needs no check: its first
+        write refuses an existing log itself."""
+        if not state.materialized:
+            return
+        current = self.backend.revision(session_id)
+        if current is not None and current == state.revision:
+            return
+        if current is not None:
+            stored = self.backend.load(session_id)
+            if stored.truncate_to is None and state.stored.equals(stored.records):
+                state.revision = stored.revision  # stable: the lock is held
+                return
+            detail = f"it now holds {len(stored.records)} event(s), this persistence wrote or read {state.cursor}"
+        else:
+            detail = "it was deleted"
+        changed = f"the stored log changed since it was loaded ({detail}; another process wrote it)"
+        if live:
+            message = (
+                f'session "{session_id}" already has a persisted log on disk that does not match this live '
+                f"session (id collision): {changed}; nothing was written"
+            )
+        else:
+            message = f'cannot append session "{session_id}": {changed}; nothing was written, load it again'
+        raise SessionLogExistsError(message, session_id=session_id)
+
     def _write(self, state: _EnvelopeState, batch: list[dict[str, Any]]) -> None:
         """Blocking: one whole batch under the session's writer lock."""
+        sid = state.meta["id"]
         lease = self.backend.acquire_writer(state.meta)
         try:
+            self._verify_unchanged(sid, state)
             if state.materialized:
-                self.backend.append(state.meta["id"], batch, lease=lease)
+                self.backend.append(sid, batch, lease=lease)
             else:
                 self.backend.materialize(state.meta, batch, lease=lease)
+            state.revision = self._revision_or_unknown(sid)
         finally:
             lease.release()
 
@@ -432,13 +497,19 @@ class ServiceMixin:
         the writer lock, taken only when there is a repair to write: a balanced log
         another process appends to still loads)."""
         with gc_paused():  # one pause for read, decode and restore (decision 0003)
+            # The revision is read *before* the log: one a backend reports with its
+            # read may be newer than the bytes it read (another process appending
+            # meanwhile), and recorded with this state it would hide that append from
+            # the claim check. Read before, a mismatch only costs a content comparison.
+            before = self.backend.revision(session_id)
             stored = self.backend.load(session_id)
+            revision = before if before == stored.revision else None
             records, closers = self._check_and_repair(session_id, stored)
             lease: WriterLease | None = None
             try:
                 if stored.truncate_to is not None or closers:
                     lease = self.backend.acquire_writer(stored.header)
-                    if self.backend.revision(session_id) != stored.revision:
+                    if self.backend.revision(session_id) != stored.revision or revision is None:
                         stored = self.backend.load(session_id)  # written meanwhile: read it again
                         records, closers = self._check_and_repair(session_id, stored)
                 fingerprint = Fingerprint()
@@ -448,12 +519,15 @@ class ServiceMixin:
                 # refused unchanged. The session adopts fresh copies of the closers, so
                 # the ones committed below are not shared with it.
                 session = build_session(session_id, stored.header, records + [thaw(c) for c in closers])
-                if lease is not None and (stored.truncate_to is not None or closers):
-                    self.backend.commit_repair(session_id, stored.truncate_to, closers, lease=lease)
+                if lease is not None:
+                    if stored.truncate_to is not None or closers:
+                        self.backend.commit_repair(session_id, stored.truncate_to, closers, lease=lease)
+                    # Under the lock, after the repair: exactly the log the state describes.
+                    revision = self._revision_or_unknown(session_id)
             finally:
                 if lease is not None:
                     lease.release()
-        return session, _EnvelopeState(header_record(stored.header), fingerprint.count, True, fingerprint)
+        return session, _EnvelopeState(header_record(stored.header), fingerprint.count, True, fingerprint, revision)
 
     async def _load_live(self, session_id: str, handle: SessionHandle) -> Session | None:
         """The live path of :meth:`load`; ``None`` if the session was detached before

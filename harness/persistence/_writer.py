@@ -49,11 +49,19 @@ RELEASE_THREADS: Final = trio.CapacityLimiter(math.inf)
 async def release_lease(lease: WriterLease) -> None:
     """Release ``lease`` on a worker thread of its own (:data:`RELEASE_THREADS`),
     shielded and bounded like every storage call; an overrun is logged, and the
-    thread still releases the lease when its call returns."""
+    thread still releases the lease when its call returns.
+
+    Best effort: a release that fails is logged, not raised. Every event was already
+    durable or reported by then, and a lock that could not be released is freed by
+    the process's exit (JSONL ``flock``) or by the lease's expiry (SQLite,
+    PostgreSQL), which fencing makes safe; raising here made a clean retirement look
+    like lost events (found by the postgres chaos campaign)."""
     try:
         await run_storage_call(lease.release, limiter=RELEASE_THREADS)
     except WaitOverrun:
         log.warning("releasing a writer lock did not finish within %s s", WRITE_WAIT_LIMIT)
+    except Exception as exc:
+        log.warning("releasing a writer lock failed (freed at process exit or lease expiry): %r", exc)
 
 
 async def run_storage_call(fn: Callable[[], T], *, limiter: trio.CapacityLimiter | None = None) -> T:
@@ -379,11 +387,19 @@ class SessionWriter:
         """Worker thread: write the batch; if the Trio side gave up waiting and retired
         meanwhile, release the lease it left here (only now is nothing in flight).
 
-        A thread that starts only after the writer retired (its wait overran while it
-        was still queued for a worker thread) writes nothing: the writer is gone."""
+        A thread that starts only after a *wedged* writer retired (its wait overran
+        while it was still queued for a worker thread) writes nothing: nobody waits for
+        it and the writer is gone. A writer that is not wedged still writes after a
+        retirement: a second :meth:`retire` (``aclose`` retrying a cancelled or failed
+        one) waits for this very call, and must not be told "durable" for a batch that
+        was skipped."""
         with self._thread_mutex:
-            if self._retired:
-                return
+            if self._retired and self.wedged is not None:
+                raise WriterWedgedError(
+                    f'{self.backend.name}: session "{self.id}": a write started after its wedged writer '
+                    "retired; nothing was written",
+                    session_id=self.id,
+                )
             self._in_thread = True
         try:
             self._write_sync(batch)
@@ -415,7 +431,13 @@ class SessionWriter:
         flush fails (the error propagates after); a wedged writer's lock is released by
         its abandoned write thread when that finishes.
 
-        Cancellation: as :meth:`flush`; the lock release is shielded (and bounded).
+        Calling it again (after a failure or a cancellation) retries the flush under a
+        fresh lock, released again when it returns; no new events are buffered once it
+        was called.
+
+        Cancellation: as :meth:`flush`; the lock release is shielded (and bounded). A
+        cancelled retirement leaves the unwritten events buffered (and the lock
+        released) for the next call.
         """
         try:
             await self.flush()

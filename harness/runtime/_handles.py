@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, final
+from typing import TYPE_CHECKING, Any, cast, final
 
 import trio
 
@@ -40,6 +40,9 @@ from harness.session import (
     SurfaceNodes,
     SurfaceOp,
 )
+from harness.session._derive import DeriveCache
+from harness.session._log import Log
+from harness.session._request_header import canonical_header
 
 if TYPE_CHECKING:
     from harness.runtime._store import Store
@@ -52,17 +55,89 @@ class Entry:
     validator and its state (see ``Store.install_validator``).
     """
 
-    __slots__ = ("announced", "companions", "detached", "handle", "ref", "session", "snapshot")
+    __slots__ = ("announced", "companions", "detached", "frozen", "handle", "ref", "session", "snapshot")
 
     def __init__(self, session: Session) -> None:
         self.session = session
         # The last snapshot read, reused while the log has not grown (see _snapshot.py).
         self.snapshot: SessionSnapshot | None = None
+        # Once released (detached): the session's state at that moment (see freeze).
+        self.frozen: Frozen | None = None
         self.ref: ActorRef[Any] | None = None
         self.announced = False
         self.detached = False
         self.handle: SessionHandle | None = None
         self.companions: dict[Any, Any] = {}
+
+    def freeze(self) -> None:
+        """Keep the session's current state for this entry's stale handles (idempotent).
+
+        Called when the store lets go of the Session object (detached, drained): from
+        then on it may be entered again (``store.adopt``), in this store or another, and
+        its new incarnation's appends must not show through a handle of this one. O(1):
+        the parts are immutable views; the messages are derived on first read.
+        """
+        if self.frozen is None:
+            s = self.session
+            self.frozen = Frozen(s.header, s.events, s.surface, s.generation, s.first_live_seq)
+
+
+@final
+class Frozen:
+    """A released session's last state, as its stale handles answer it."""
+
+    __slots__ = ("events", "first_live_seq", "generation", "header", "surface")
+
+    def __init__(
+        self, header: SessionHeader, events: EventLog, surface: SurfaceNodes, generation: int, first_live_seq: int
+    ) -> None:
+        self.header = header
+        self.events = events
+        self.surface = surface
+        self.generation = generation
+        self.first_live_seq = first_live_seq
+
+    def snapshot(self, cached: SessionSnapshot | None) -> SessionSnapshot:
+        """``cached`` when it is this state's (the last snapshot read before the
+        release), else a new one, its messages derived afresh from this state alone."""
+        events = self.events
+        if cached is not None and cached.seq == len(events) and cached.generation == self.generation:
+            return cached
+        nodes = list(self.surface)
+        messages = DeriveCache().derive(nodes, self.generation, cast(Log, events._items))
+        return SessionSnapshot(
+            session_id=self.header.id,
+            header=self.header,
+            events=events,
+            surface=self.surface,
+            generation=self.generation,
+            messages=messages,
+            first_live_seq=self.first_live_seq,
+        )
+
+    def last_of(self, type_: str) -> Event | None:
+        seqs = self.events.seqs_of_type(type_)
+        return self.events[seqs[-1]] if seqs else None
+
+    def request_header(self) -> FrozenDict | None:
+        event = self.last_of("request/header")
+        if event is None:
+            return None
+        data = event.data
+        return canonical_header(data.get("header") if type(data) is FrozenDict else None)
+
+    def request_context(self) -> JsonValue:
+        event = self.last_of("request/context")
+        return None if event is None else event.data
+
+    def last_turn(self) -> int:
+        best = 0
+        for seq in self.events.seqs_of_type("turn/start"):
+            data = self.events[seq].data
+            turn = data.get("turn") if type(data) is FrozenDict else None
+            if type(turn) is int and turn > best:
+                best = turn
+        return best
 
 
 @final
@@ -122,7 +197,8 @@ class SessionHandle:
     #
     # Synchronous and never blocking: the session actor changes its Session only in
     # synchronous code, so a read here never sees half a mutation. They keep working on
-    # a stale handle (the session as it was when it was detached).
+    # a stale handle: the session as it was when it was detached (Entry.freeze), even
+    # once the same Session object was entered again.
 
     def snapshot(self) -> SessionSnapshot:
         """The session's header, events, surface, generation and derived messages, read
@@ -134,6 +210,10 @@ class SessionHandle:
         """
         entry = self._entry
         snap = entry.snapshot
+        frozen = entry.frozen
+        if frozen is not None:  # released: its own last state, never a later incarnation's
+            snap = entry.snapshot = frozen.snapshot(snap)
+            return snap
         # A replace is an append too: the log length alone says whether anything changed.
         if snap is None or snap.seq != entry.session.seq:
             snap = entry.snapshot = take_snapshot(entry.session)
@@ -160,41 +240,49 @@ class SessionHandle:
     @property
     def events(self) -> EventLog:
         """The committed events, as an immutable snapshot (no actor round trip)."""
-        return self._entry.session.events
+        frozen = self._entry.frozen
+        return self._entry.session.events if frozen is None else frozen.events
 
     @property
     def seq(self) -> int:
         """The next seq, i.e. the log length (no actor round trip)."""
-        return self._entry.session.seq
+        frozen = self._entry.frozen
+        return self._entry.session.seq if frozen is None else len(frozen.events)
 
     @property
     def first_live_seq(self) -> int:
         """How many events the live session was constructed with (its seed)."""
-        return self._entry.session.first_live_seq
+        frozen = self._entry.frozen
+        return self._entry.session.first_live_seq if frozen is None else frozen.first_live_seq
 
     @property
     def generation(self) -> int:
         """The surface's replace generation: how many replaces have committed (no
         actor round trip)."""
-        return self._entry.session.generation
+        frozen = self._entry.frozen
+        return self._entry.session.generation if frozen is None else frozen.generation
 
     def request_header(self) -> FrozenDict | None:
         """The latest canonical ``request/header`` (no actor round trip)."""
-        return self._entry.session.request_header()
+        frozen = self._entry.frozen
+        return self._entry.session.request_header() if frozen is None else frozen.request_header()
 
     def last_turn(self) -> int:
         """The highest ``turn`` any ``turn/start`` carries (0 if none; no actor round trip)."""
-        return self._entry.session.last_turn()
+        frozen = self._entry.frozen
+        return self._entry.session.last_turn() if frozen is None else frozen.last_turn()
 
     def request_context(self) -> JsonValue:
         """The latest ``request/context`` data (no actor round trip)."""
-        return self._entry.session.request_context()
+        frozen = self._entry.frozen
+        return self._entry.session.request_context() if frozen is None else frozen.request_context()
 
     def surface(self) -> SurfaceNodes:
         """The current surface nodes: ``session.surface``, an immutable O(1) view that
         is the same object until the surface changes and never changes under its
         holder (no actor round trip)."""
-        return self._entry.session.surface
+        frozen = self._entry.frozen
+        return self._entry.session.surface if frozen is None else frozen.surface
 
     # -- messages ------------------------------------------------------------------------
 

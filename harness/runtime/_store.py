@@ -59,7 +59,7 @@ from harness.runtime._messages import (
     List,
     Prepare,
 )
-from harness.runtime._scopes import Binding, Scoped, check_owner
+from harness.runtime._scopes import Binding, Retirements, Scoped, check_listener_owner, check_owner
 from harness.runtime._session_actor import SessionActor
 from harness.runtime._warnings import Warnings
 from harness.session import AppendValidator, Clock, Event, Session, check_session_id, wall_clock_ms
@@ -346,12 +346,15 @@ class StoreActor(Actor[Any]):
                 await store._runtime.stop(entry.ref)
         if store._entries.get(handle.id) is entry:
             del store._entries[handle.id]
+        entry.freeze()  # stale handles keep answering this state, whatever comes next
         _release(entry)  # drained: the Session object may be entered again
         if entry.announced:
             store.listeners.emit_disposed(handle)  # routed by the scope captured at enter
         binding = store._bindings.pop(entry, None)
-        if binding is not None and binding.release is not None:
-            binding.release()  # detached: its owner has nothing left to detach
+        if binding is not None:
+            if binding.release is not None:
+                binding.release()  # detached: its owner has nothing left to detach
+            store._retirements.session_gone()  # a closed owner's listeners may go now
         # Entry and handle refer to each other: unlink them, so a retired session is
         # freed by reference counting as soon as no stale handle names it (a cycle
         # would keep its whole log for the collector to find, late if it was promoted).
@@ -428,6 +431,8 @@ class Store:
         self._closed = False
         # Per live session entered with a scope (see _scopes): owned by the store actor.
         self._bindings: dict[Entry, Binding] = {}
+        # Scoped listeners, released with their owner (see _scopes.Retirements).
+        self._retirements = Retirements(self._in_scope)
         if validator_factory is not None:
             self.install_validator(validator_factory)
 
@@ -440,6 +445,10 @@ class Store:
     def _scope_of(self, entry: Entry) -> Owner | None:
         binding = self._bindings.get(entry)
         return None if binding is None else binding.scope
+
+    def _in_scope(self, scope: Owner) -> bool:
+        """Whether a live session's scope is ``scope`` or descends from it."""
+        return any(binding.scope.descends_from(scope) for binding in self._bindings.values())
 
     def scope_of(self, handle: SessionHandle) -> Owner | None:
         """The owner ``handle``'s session was entered with (its routing scope), or
@@ -469,7 +478,19 @@ class Store:
             subscribe_sync(kind, [], listener)
         if not isinstance(scope, Owner):
             raise SessionArgumentError(f"{kind} listener scope must be an actors.Owner, got {scope!r}")
+        check_listener_owner(scope, kind)
         return Scoped(listener, scope, self._scope_of)
+
+    def _listen(self, kind: str, items: list[Any], listener: Any, scope: Owner | None) -> Callable[[], None]:
+        """Subscribe ``listener`` (scoped to ``scope`` when given: released with it)."""
+        wrapped = self._scoped(kind, listener, scope)
+        if kind == "session/flush":
+            unsubscribe = subscribe(items, wrapped)
+        else:
+            unsubscribe = subscribe_sync(kind, items, wrapped)
+        if scope is None or self._closed:
+            return unsubscribe  # a closed store calls no listener: nothing to tie to the owner
+        return self._retirements.register(scope, unsubscribe, kind)
 
     @property
     def runtime(self) -> ActorRuntime:
@@ -503,7 +524,9 @@ class Store:
         and release every Session object this store still holds for other stores."""
         self._closed = True
         for entry in self._entries.values():
+            entry.freeze()  # a stale handle keeps this state if the Session is entered again
             _release(entry)
+        self._retirements.release_all()  # no listener of this store is called any more
 
     # -- validators (the invariant companion, reference §11) -----------------------------
 
@@ -687,10 +710,8 @@ class Store:
 
     def on_created(self, listener: CreatedListener, *, scope: Owner | None = None) -> Callable[[], None]:
         """``session/created(handle)``: a raise vetoes the announcement. ``scope``: as
-        :meth:`on_event`'s. Returns an idempotent unsubscribe."""
-        return subscribe_sync(
-            "session/created", self.listeners.created, self._scoped("session/created", listener, scope)
-        )
+        :meth:`on_event`'s (released with its owner). Returns an idempotent unsubscribe."""
+        return self._listen("session/created", self.listeners.created, listener, scope)
 
     def on_event(self, listener: EventListener, *, scope: Owner | None = None) -> Callable[[], None]:
         """``session/event(handle, event)``, after each commit; a raise is contained
@@ -698,16 +719,18 @@ class Store:
 
         ``scope`` (an :class:`actors.Owner`): hear only the sessions entered in that
         owner's scope or a descendant's (:meth:`scope_of`; reference §7 scope routing);
-        without it, every session."""
-        return subscribe_sync("session/event", self.listeners.event, self._scoped("session/event", listener, scope))
+        without it, every session. A scoped listener is released with its owner: once
+        the owner has closed and the last live session of its scope has been detached
+        (it hears every disposal its close causes), it is unsubscribed and neither the
+        owner nor the store holds it any more. The owner must be open:
+        :class:`~harness.errors.SessionOwnerClosedError` (``OWNER_CLOSED``) otherwise."""
+        return self._listen("session/event", self.listeners.event, listener, scope)
 
     def on_disposed(self, listener: DisposedListener, *, scope: Owner | None = None) -> Callable[[], None]:
         """``session/disposed(handle)``, when an announced session is detached; a raise
         is contained like ``on_event``'s; ``scope`` routes by the scope captured at
         enter, as ``on_event``'s. Returns an idempotent unsubscribe."""
-        return subscribe_sync(
-            "session/disposed", self.listeners.disposed, self._scoped("session/disposed", listener, scope)
-        )
+        return self._listen("session/disposed", self.listeners.disposed, listener, scope)
 
     def add_pre_commit_hook(self, hook: PreCommitHook) -> Callable[[], None]:
         """``hook(handle, events)`` before each commit; a raise vetoes the batch (nothing
@@ -718,7 +741,7 @@ class Store:
         """``session/flush(handle)`` on every :meth:`flush`; it may be async (awaited)
         or a plain function. ``scope``: as :meth:`on_event`'s (a flush of a session out
         of scope neither runs it nor counts it). Returns an idempotent unsubscribe."""
-        return subscribe(self.listeners.flush, self._scoped("session/flush", listener, scope))
+        return self._listen("session/flush", self.listeners.flush, listener, scope)
 
     async def aclose(self) -> None:
         """Detach every live session (``disposed`` for each announced one), then refuse

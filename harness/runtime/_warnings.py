@@ -36,8 +36,10 @@ class WarningReport:
         kind: ``listener-failed`` or ``write-failed`` (stable, for matching).
         source: What failed, e.g. ``session/event``, ``session/disposed``,
             ``agent/disposed``, ``agent/status``, ``agent/request-error`` (a hook),
-            ``agent/queued-work`` (a bug under a queued turn), ``background-write``,
-            ``retirement``.
+            ``agent/queued-work`` (a bug under a queued turn), ``agent/compaction``
+            (a compaction hook: step pressure, overflow recovery),
+            ``background-write``, ``retirement``, ``close`` (a session whose last
+            events the persistence's close could not make durable).
         message: The text that was logged.
         session_id: The session concerned, when there is one.
         error: The exception, when there is one. Holding it keeps its traceback (and
