@@ -28,9 +28,10 @@ from harness.errors import (
     SessionLogExistsError,
     SessionNotLiveError,
 )
-from harness.persistence._backend import Backend, StoredLog, WriterLease
+from harness.persistence._backend import Backend, StoredLog, WriterLease, header_record
 from harness.persistence._restore import build_session as build_session
 from harness.persistence._service import (
+    Fingerprint,
     ServiceMixin,
     _canonical,
     _EnvelopeState,
@@ -137,6 +138,9 @@ class Persistence(ServiceMixin):
         self._retiring: set[SessionWriter] = set()
         # Failed retirements: only what a retry needs (not the session).
         self._leftovers: list[Leftover] = []
+        # id(leftover) -> the digest of the events its writer knew durable: a retry
+        # appends only to exactly that log (a count alone misses a rewritten one).
+        self._leftover_digests: dict[int, Fingerprint] = {}
         # Retirement failures nothing can retry (a wedged write): reported by aclose.
         self._unrecoverable: list[PersistenceError] = []
         # id -> every incarnation still retiring, oldest first.
@@ -212,44 +216,75 @@ class Persistence(ServiceMixin):
         """Reference §2.4 case 3 (HMR adoption): a new live session whose id is already
         stored (and not tracked here) continues that log if the stored events are a prefix
         of its own: a torn tail is cut (no closers: the live turn stays open), the writer
-        takes the lock and writes only the rest. Otherwise its first write fails with the
-        reference's id-collision message (a log under another cwd keeps the first write's
-        ``SessionIdInUseError``). Runs under the writer's lock, before its first
-        batch. Cancellation: the storage work runs on a worker thread and is not abandoned;
-        what it took (the lock) is the writer's either way."""
+        takes the lock and writes only the rest, under the stored header (it wins, as in
+        a claim). Otherwise its first write fails with the reference's id-collision
+        message (a log under another cwd keeps the first write's ``SessionIdInUseError``).
+
+        The decision is taken on what is stored *under the lock*: the log is read, the
+        lock taken, and if the revision moved meanwhile (another process appended) the
+        log is read again and checked again before anything is written; a log whose
+        header changed meanwhile (deleted and written again) starts the round again.
+
+        Runs under the writer's lock, before its first batch. Cancellation: the storage
+        work runs on a worker thread and is not abandoned; what it took (the lock) is
+        the writer's either way."""
         events = writer.session.events  # an immutable snapshot, read on the worker thread
         cwd = writer.session.header.cwd
+        sid = writer.id
 
-        def work() -> tuple[int, WriterLease] | None:
-            sid = writer.id
-            if self.backend.revision(sid) is None:
-                return None  # nothing stored: the usual first write
-            stored = self.backend.load(sid)
+        def decide(stored: StoredLog) -> int | None:
+            """The stored length to continue from; ``None``: not this project's log."""
             self._refuse_unknown(sid, stored.records, stored)
             if stored.header.get("cwd") != cwd:
                 return None  # another project's session: the first write refuses the id
-            n = len(stored.records)
             if not reproduces(events, [_canonical(r) for r in stored.records]):
                 raise SessionLogExistsError(
                     f'session "{sid}" already has a persisted log on disk that does not match this live '
                     "session (id collision)",
                     session_id=sid,
                 )
-            lease = self.backend.acquire_writer(stored.header)
-            try:
-                if stored.truncate_to is not None:
-                    self.backend.commit_repair(sid, stored.truncate_to, [], lease=lease)
-            except BaseException:
+            return len(stored.records)
+
+        def work() -> tuple[int, WriterLease, dict[str, Any]] | None:
+            while True:
+                if self.backend.revision(sid) is None:
+                    return None  # nothing stored: the usual first write
+                stored = self.backend.load(sid)
+                if decide(stored) is None:
+                    return None
+                lease = self.backend.acquire_writer(stored.header)
+                try:
+                    n: int | None = None
+                    restart = False
+                    current = self.backend.revision(sid)
+                    if current is not None and current != stored.revision:
+                        # Written meanwhile (by another process: this one serialises its
+                        # own writers): decide again on what is stored now, which the
+                        # lock keeps still.
+                        header = stored.header
+                        stored = self.backend.load(sid)
+                        restart = stored.header != header  # another log under this id
+                    if current is not None and not restart:
+                        n = decide(stored)
+                        if n is not None and stored.truncate_to is not None:
+                            self.backend.commit_repair(sid, stored.truncate_to, [], lease=lease)
+                except BaseException:
+                    lease.release()
+                    raise
+                if n is not None:
+                    return n, lease, header_record(stored.header)
                 lease.release()
-                raise
-            return n, lease
+                if not restart:
+                    return None  # deleted meanwhile, or not this project's log
+                # else: start over (read, lock, check)
 
         adopted = await trio.to_thread.run_sync(work)
         if adopted is None:
             return
-        n, lease = adopted
+        n, lease, header = adopted
         writer.lease = lease
         writer.materialized = True
+        writer._header = header  # later locks, a retirement's retry, a live load's meta
         writer.pending = [r for r in writer.pending if r["seq"] >= n]
         writer.durable = max(writer.durable, n)
 
@@ -372,7 +407,12 @@ class Persistence(ServiceMixin):
                 error=exc,
             )
             if writer.pending and writer.wedged is None:
-                self._leftovers.append(writer.leftover())
+                leftover = writer.leftover()
+                if leftover.materialized:
+                    digest = Fingerprint()
+                    digest.extend(event_to_record(e) for e in writer.session.events[: leftover.durable])
+                    self._leftover_digests[id(leftover)] = digest
+                self._leftovers.append(leftover)
             elif writer.pending:
                 # A fresh error, not ``exc``: its traceback would pin the writer's
                 # frames, and with them the session, until aclose.
@@ -670,8 +710,9 @@ class Persistence(ServiceMixin):
             while self._leftovers:
                 # One at a time: a cancelled close keeps the ones it did not try.
                 leftover = self._leftovers.pop(0)
+                digest = self._leftover_digests.pop(id(leftover), None)
                 try:
-                    await run_storage_call(functools.partial(retry_leftover, self.backend, leftover))
+                    await run_storage_call(functools.partial(_retry_leftover, self.backend, leftover, digest))
                 except Exception as exc:
                     failures.append((leftover.id, exc))
             for prep in list(self._reserved.values()):
@@ -712,6 +753,31 @@ class Persistence(ServiceMixin):
             failures={sid: errs[0] for sid, errs in by_id.items()},
             errors=tuple(exc for _, exc in failures),
         )
+
+
+def _retry_leftover(backend: Backend, leftover: Leftover, durable: Fingerprint | None) -> None:
+    """Blocking: :func:`retry_leftover`, but a materialized log must still hold exactly
+    the events its writer knew durable (``durable``: their digest), under the lock,
+    before anything is appended: a log that moved with the same count (deleted and
+    written again, rewritten by another process) is not appended to either."""
+    if durable is None or not leftover.materialized:
+        retry_leftover(backend, leftover)
+        return
+    sid = leftover.id
+    lease = backend.acquire_writer(leftover.header)
+    try:
+        records = backend.load(sid).records
+        if not durable.equals(records):
+            same = len(records) == leftover.durable
+            raise PersistenceError(
+                f'{backend.name}: session "{sid}" moved on since its retirement failed '
+                f"({len(records)} stored event(s), expected {leftover.durable}"
+                f"{', not the ones it wrote' if same else ''}): {len(leftover.pending)} event(s) dropped",
+                session_id=sid,
+            )
+        backend.append(sid, leftover.pending, lease=lease)
+    finally:
+        lease.release()
 
 
 _LEGACY_TYPES = frozenset({"request/header-delta", "mode/set", "steering/message"})

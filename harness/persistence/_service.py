@@ -450,7 +450,11 @@ class ServiceMixin:
         while True:
             await self._wait_retired(session_id)
             handle = await self.store.get(session_id)
-            if handle is not None:
+            # An entered but unannounced session is not live for a load: it has no
+            # writer and wrote nothing (reference §2.8: a live id is *flushed*, then
+            # returned; its flush could make nothing durable). The load goes cold: the
+            # stored log, or not found.
+            if handle is not None and handle.announced:
                 loaded = await self._load_live(session_id, handle)
                 if loaded is not None:
                     return loaded
@@ -536,12 +540,14 @@ class ServiceMixin:
         session = handle._entry.session
         snapshot = session.events  # immutable: what the caller asked for, pre-flush
         writer = self._writers.get(session_id)
-        # The stored header wins over the live one once a live session claimed a log.
-        meta = writer._header if writer is not None and writer.session is session else session.header.to_record()
         try:
             await handle.flush()
         except SessionNotLiveError:
             return None
+        # The stored header wins over the live one once a live session claimed a log,
+        # or adopted an untracked stored one (reference §2.4 case 3): read after the
+        # flush, since an adoption happens at the writer's first write, in that flush.
+        meta = writer._header if writer is not None and writer.session is session else session.header.to_record()
         n = len(snapshot)
         if n == 0:
             raise PersistedSessionNotFoundError(f'session "{session_id}" not found', session_id=session_id)
