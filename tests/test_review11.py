@@ -294,7 +294,7 @@ async def test_an_unannounced_session_is_never_written(tmp_path: Path, kind: str
         # writer started (none would ever retire), nothing written, nothing held.
         handle = await p.store.enter(await p.store.prepare(SID, cwd="/w"))
         await handle.append("user/message", user("m1"), surface_op="append")
-        await handle.flush()
+        assert await handle.flush() is False  # no listener has heard of it: nothing durable
         assert p._writers == {}
         await p.store.detach(handle)
         assert lock_is_free(tmp_path, kind)

@@ -693,10 +693,16 @@ class Store:
 
         The session's queued messages are handled first (a barrier), so everything
         appended before the call is covered. Cancellation propagates to the listeners.
+
+        A session entered but not announced has not been shown to any listener (no
+        ``session/created``): its flush runs the barrier only and returns ``False``
+        (persistence writes nothing for it until it is announced).
         """
         if type(handle) is not SessionHandle or handle._store is not self or not handle.alive:
             raise _not_live(handle)
         await handle.barrier()
+        if not handle._entry.announced:
+            return False
         return await self.listeners.run_flush(handle)
 
     # -- listeners -----------------------------------------------------------------------
