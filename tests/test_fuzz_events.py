@@ -275,6 +275,44 @@ def test_unreadable_event_types_are_refused_at_append(backend_name: str, type_: 
 
 
 @pytest.mark.parametrize("backend_name", BACKENDS)
+def test_a_seed_has_the_depth_limit_of_an_append(backend_name: str) -> None:
+    """Found by test_fuzz_seeded_create on a fresh clone: a seed record's data was
+    copied without the depth check of appends, so ``create(seed=...)`` accepted data
+    orjson cannot write and every flush of the session then failed ("Recursion limit
+    reached"). The seed now has the append's limit, to the level."""
+
+    def nested(depth: int) -> Any:
+        value: Any = 0
+        for _ in range(depth):
+            value = [value]
+        return value
+
+    def seed(depth: int) -> list[dict[str, Any]]:
+        return [{"type": "feedback/record", "seq": 0, "time": 0, "data": {"v": nested(depth)}}]
+
+    async def main(root: Path) -> None:
+        async with (
+            open_store() as store,
+            open_persistence(store, _backend(backend_name, root), write_delay=0) as persistence,
+        ):
+            with pytest.raises(NotJsonError, match=r"seed event at index 0 carries data nested more than 200") as info:
+                await store.create("too-deep", cwd="/w", seed=seed(MAX_STORABLE_DEPTH))
+            assert info.value.session_id == "too-deep"
+            with pytest.raises(NotJsonError):
+                await store.create("far-too-deep", cwd="/w", seed=seed(300))
+            h = await store.create("deep", cwd="/w", seed=seed(MAX_STORABLE_DEPTH - 1))
+            assert await h.flush()
+            assert [x["id"] for x in await persistence.list()] == ["deep"]
+        async with open_store() as store, open_persistence(store, _backend(backend_name, root)) as persistence:
+            event, end_seed = await persistence.read_from("deep", 0)
+            assert end_seed["type"] == "session/end-seed"
+            assert thaw(event["data"]) == {"v": nested(MAX_STORABLE_DEPTH - 1)}
+
+    with tempfile.TemporaryDirectory() as tmp:
+        trio.run(main, Path(tmp))
+
+
+@pytest.mark.parametrize("backend_name", BACKENDS)
 def test_depth_limit_is_exact(backend_name: str) -> None:
     """Found by test_edge_values_as_payloads: data nested deeper than orjson writes was
     accepted, and every flush of the session then failed ("Recursion limit reached").

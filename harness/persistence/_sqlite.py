@@ -756,9 +756,12 @@ class SqliteBackend:
                 try:
                     self._renew(lease)
                 except LeaseLostError as exc:
-                    log.warning("sqlite: %s", exc)
                     with self._keeper_wake:
-                        self._held.pop(lease.token, None)
+                        still_held = self._held.pop(lease.token, None) is not None
+                    # Released between the check above and the renewal: not a loss
+                    # (the release cleared the row), so no warning.
+                    if still_held:
+                        log.warning("sqlite: %s", exc)
                 except Exception as exc:
                     log.warning('sqlite: renewing the lease of session "%s" failed: %s', lease.session_id, exc)
 

@@ -239,8 +239,17 @@ class Session:
                 if isinstance(item, Event):
                     self._seed_one(i, item.type, item._data, item, None)
                     continue
-                ok, rec = try_snapshot_raw(item)
-                if not ok:
+                # The record wraps its data one level deeper: the append rule (data at
+                # most MAX_STORABLE_DEPTH deep) is MAX_STORABLE_DEPTH + 1 for a record.
+                why, rec = try_snapshot_storable(item, MAX_STORABLE_DEPTH + 1)
+                if why == "too deep":
+                    # Refused here: accepted, it would fail every write-behind flush.
+                    raise NotJsonError(
+                        f"seed event at index {i} carries data nested more than {MAX_STORABLE_DEPTH} "
+                        "levels deep, which cannot be stored",
+                        session_id=session_id,
+                    )
+                if why is not None:
                     raise EventError(
                         f"seed event at index {i} is not losslessly JSON-serializable",
                         session_id=session_id,
