@@ -58,16 +58,13 @@ from harness.persistence._sqlite_rows import (
     MAX_MEMBERS,
     PACKED,
     Row,
-    _Malformed,
     bind_records,
-    check_row,
-    decode_row,
+    covers,
     fetch_batches,
+    next_seq_of_tail,
     scan_batches,
-    scan_rows,
 )
 from harness.session import gc_paused
-from harness.session._chunks import ROW_TAGS
 
 __all__ = ["DEFAULT_LEASE_TTL", "PostgresBackend", "StatementFaults"]
 
@@ -274,7 +271,7 @@ class PostgresBackend:
         )
         base = seq
         for p in predecessors:
-            if _covers(sid, _row(p), seq):
+            if covers(sid, _row(p), seq):
                 base = min(base, int(p[0]))
         return base
 
@@ -375,18 +372,7 @@ class PostgresBackend:
                 (sid,),
             )
         ]
-        if not tail:
-            return 0
-        rows = tail[::-1]
-        if len(rows) == 3 and not _covers(sid, rows[0], rows[1][0]):
-            rows = rows[1:]
-        events, torn = scan_rows(sid, rows, int(rows[0][0]))
-        if torn is not None or not events:
-            raise SessionCorruptionError(
-                f"session {sid} has an invalid physical tail at seq {torn if torn is not None else rows[0][0]}",
-                session_id=sid,
-            )
-        return int(events[-1]["seq"]) + 1
+        return next_seq_of_tail(sid, tail)
 
     def append(self, session_id: str, records: list[dict[str, Any]], *, lease: WriterLease | None = None) -> None:
         """Append one batch in one transaction that checks (and renews) the caller's
@@ -494,14 +480,3 @@ def _same(stored: list[dict[str, Any]], given: list[dict[str, Any]]) -> bool:
     except TypeError:
         return False
 
-
-def _covers(sid: str, row: Row, seq: int) -> bool:
-    """Whether packed ``row`` reaches ``seq`` (or does not decode: it might, and the
-    scan must then fail closed)."""
-    if row[6] != PACKED or row[1] not in ROW_TAGS:
-        return False
-    check_row(sid, row)
-    try:
-        return bool(decode_row(row)[-1]["seq"] >= seq)
-    except _Malformed:
-        return True

@@ -76,13 +76,11 @@ from harness.persistence._sqlite_rows import (
     COLUMNS,
     INSERT,
     MAX_MEMBERS,
-    PACKED,
     Row,
-    _Malformed,
     bind_segments,
-    check_row,
-    decode_row,
+    covers,
     fetch_batches,
+    next_seq_of_tail,
     scan_batches,
     scan_rows,
 )
@@ -106,7 +104,6 @@ from harness.persistence._sqlite_schema import (
     read_store_id,
 )
 from harness.session import SESSION_FORMAT_VERSION, decode_storage_record
-from harness.session._chunks import ROW_TAGS
 from harness.session._header import _is_absolute
 
 log = logging.getLogger("harness.persistence")
@@ -517,7 +514,7 @@ class SqliteBackend:
         ).fetchall()
         base = from_seq
         for p in predecessors:
-            if _covers(sid, p, from_seq):
+            if covers(sid, p, from_seq):
                 base = min(base, p[0])
         rows = self._exec(
             db, f"SELECT {COLUMNS} FROM events WHERE session_id = ? AND seq >= ? ORDER BY seq", (sid, base)
@@ -587,18 +584,7 @@ class SqliteBackend:
         tail = self._exec(
             db, f"SELECT {COLUMNS} FROM events WHERE session_id = ? ORDER BY seq DESC LIMIT 3", (sid,)
         ).fetchall()
-        if not tail:
-            return 0
-        rows = tail[::-1]
-        if len(rows) == 3 and not _covers(sid, rows[0], rows[1][0]):
-            rows = rows[1:]
-        events, torn = scan_rows(sid, rows, int(rows[0][0]))
-        if torn is not None or not events:
-            raise SessionCorruptionError(
-                f"session {sid} has an invalid physical tail at seq {torn if torn is not None else rows[0][0]}",
-                session_id=sid,
-            )
-        return int(events[-1]["seq"]) + 1
+        return next_seq_of_tail(sid, tail)
 
     def append(self, session_id: str, records: list[dict[str, Any]], *, lease: WriterLease | None = None) -> None:
         """Append one batch in one transaction that also checks (and renews) the
@@ -903,17 +889,6 @@ def _holder(row: tuple[Any, ...]) -> dict[str, Any]:
 def _describe(row: tuple[Any, ...]) -> str:
     return f"process {row[3]} on {row[2]}"
 
-
-def _covers(sid: str, row: Row, seq: int) -> bool:
-    """Whether packed ``row`` reaches ``seq`` (or does not decode: it might, and the
-    scan must then fail closed)."""
-    if row[6] != PACKED or row[1] not in ROW_TAGS:
-        return False
-    check_row(sid, row)
-    try:
-        return bool(decode_row(row)[-1]["seq"] >= seq)
-    except _Malformed:
-        return True
 
 
 # -- the session row ---------------------------------------------------------------------------

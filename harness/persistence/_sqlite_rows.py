@@ -460,3 +460,35 @@ def _chain(first: Sequence[Row], rest: Iterator[Sequence[Row]]) -> Iterator[Row]
 
 def _holds_turn_end(events: list[dict[str, Any]] | None) -> bool:
     return events is not None and any(e["type"] == "turn/end" for e in events)
+
+
+def covers(sid: str, row: Row, seq: int) -> bool:
+    """Whether packed ``row`` reaches ``seq`` (or does not decode: it might, and the
+    scan must then fail closed)."""
+    if row[6] != PACKED or row[1] not in ROW_TAGS:
+        return False
+    check_row(sid, row)
+    try:
+        return bool(decode_row(row)[-1]["seq"] >= seq)
+    except _Malformed:
+        return True
+
+
+def next_seq_of_tail(sid: str, tail: Sequence[Row]) -> int:
+    """The stored next seq from the last (at most three) physical rows, newest first
+    (``ORDER BY seq DESC LIMIT 3``): 0 for none. Only the packed row right before the
+    last two can overlap them in a valid log; a tail that does not decode is
+    :class:`SessionCorruptionError` (fail closed before an append)."""
+    if not tail:
+        return 0
+    rows = list(tail[::-1])
+    if len(rows) == 3 and not covers(sid, rows[0], rows[1][0]):
+        rows = rows[1:]
+    events, torn = scan_rows(sid, rows, int(rows[0][0]))
+    if torn is not None or not events:
+        raise SessionCorruptionError(
+            f"session {sid} has an invalid physical tail at seq {torn if torn is not None else rows[0][0]}",
+            session_id=sid,
+        )
+    return int(events[-1]["seq"]) + 1
+
