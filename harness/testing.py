@@ -82,6 +82,11 @@ async def open_test_runtime(
     file ``tmp_path/"sessions.db"``, ``memory`` nothing. Other ``options`` go to
     :func:`~harness.open_runtime` (``provider``, ``tools``, ``write_delay``, ...).
     Another ``kind`` raises :class:`~harness.RuntimeConfigError` (a ``ValueError``) on entry.
+
+    Cancellation and ownership: as :func:`harness.open_runtime`, which it is: the runtime
+    belongs to the block; a cancellation of the enclosing scope closes it in order
+    (agents disposed, writers retired, bounded by ``shutdown_grace``) before the
+    ``Cancelled`` propagates.
     """
     options.setdefault("invariants", RelationalInvariants)
     root = Path(tmp_path)
@@ -157,7 +162,8 @@ async def harness_runtime(harness_backend: BackendKind, tmp_path: Path) -> Async
     """A :class:`harness.Runtime` on ``harness_backend`` under ``tmp_path``, with
     ``RelationalInvariants``, no default provider (pass ``provider=`` to ``rt.create``)
     and a write-behind delay of 0. Torn down (agents disposed, writers retired) after
-    the test."""
+    the test. Cancellation: as :func:`open_test_runtime`; the fixture owns the runtime,
+    the test only borrows it."""
     async with open_test_runtime(harness_backend, tmp_path, write_delay=0.0) as rt:
         yield rt
 

@@ -51,6 +51,9 @@ async def release_lease(lease: WriterLease) -> None:
     shielded and bounded like every storage call; an overrun is logged, and the
     thread still releases the lease when its call returns.
 
+    Cancellation: shielded, so a cancelled caller still releases the lease and sees
+    ``Cancelled`` at its next checkpoint. Ownership: the lease is consumed.
+
     Best effort: a release that fails is logged, not raised. Every event was already
     durable or reported by then, and a lock that could not be released is freed by
     the process's exit (JSONL ``flock``) or by the lease's expiry (SQLite,
