@@ -12,6 +12,7 @@ from contextlib import asynccontextmanager
 from itertools import repeat
 from typing import Any, final
 
+import attrs
 import trio
 
 from harness.errors import (
@@ -138,9 +139,6 @@ class Persistence(ServiceMixin):
         self._retiring: set[SessionWriter] = set()
         # Failed retirements: only what a retry needs (not the session).
         self._leftovers: list[Leftover] = []
-        # id(leftover) -> the digest of the events its writer knew durable: a retry
-        # appends only to exactly that log (a count alone misses a rewritten one).
-        self._leftover_digests: dict[int, Fingerprint] = {}
         # Retirement failures nothing can retry (a wedged write): reported by aclose.
         self._unrecoverable: list[PersistenceError] = []
         # id -> every incarnation still retiring, oldest first.
@@ -409,9 +407,11 @@ class Persistence(ServiceMixin):
             if writer.pending and writer.wedged is None:
                 leftover = writer.leftover()
                 if leftover.materialized:
+                    # A retry appends only to exactly the log its writer left (a count
+                    # alone misses one rewritten with as many events).
                     digest = Fingerprint()
                     digest.extend(event_to_record(e) for e in writer.session.events[: leftover.durable])
-                    self._leftover_digests[id(leftover)] = digest
+                    leftover = attrs.evolve(leftover, durable_digest=digest)
                 self._leftovers.append(leftover)
             elif writer.pending:
                 # A fresh error, not ``exc``: its traceback would pin the writer's
@@ -710,9 +710,8 @@ class Persistence(ServiceMixin):
             while self._leftovers:
                 # One at a time: a cancelled close keeps the ones it did not try.
                 leftover = self._leftovers.pop(0)
-                digest = self._leftover_digests.pop(id(leftover), None)
                 try:
-                    await run_storage_call(functools.partial(_retry_leftover, self.backend, leftover, digest))
+                    await run_storage_call(functools.partial(retry_leftover, self.backend, leftover))
                 except Exception as exc:
                     failures.append((leftover.id, exc))
             for prep in list(self._reserved.values()):
@@ -753,31 +752,6 @@ class Persistence(ServiceMixin):
             failures={sid: errs[0] for sid, errs in by_id.items()},
             errors=tuple(exc for _, exc in failures),
         )
-
-
-def _retry_leftover(backend: Backend, leftover: Leftover, durable: Fingerprint | None) -> None:
-    """Blocking: :func:`retry_leftover`, but a materialized log must still hold exactly
-    the events its writer knew durable (``durable``: their digest), under the lock,
-    before anything is appended: a log that moved with the same count (deleted and
-    written again, rewritten by another process) is not appended to either."""
-    if durable is None or not leftover.materialized:
-        retry_leftover(backend, leftover)
-        return
-    sid = leftover.id
-    lease = backend.acquire_writer(leftover.header)
-    try:
-        records = backend.load(sid).records
-        if not durable.equals(records):
-            same = len(records) == leftover.durable
-            raise PersistenceError(
-                f'{backend.name}: session "{sid}" moved on since its retirement failed '
-                f"({len(records)} stored event(s), expected {leftover.durable}"
-                f"{', not the ones it wrote' if same else ''}): {len(leftover.pending)} event(s) dropped",
-                session_id=sid,
-            )
-        backend.append(sid, leftover.pending, lease=lease)
-    finally:
-        lease.release()
 
 
 _LEGACY_TYPES = frozenset({"request/header-delta", "mode/set", "steering/message"})

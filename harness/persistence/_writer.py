@@ -19,6 +19,7 @@ from harness.persistence._backend import Backend, WriterLease
 from harness.session import Event, Session, event_to_record
 
 if TYPE_CHECKING:
+    from harness.persistence._service import Fingerprint
     from harness.runtime import Warnings
 
 log = logging.getLogger("harness.persistence")
@@ -229,6 +230,9 @@ class Leftover:
     pending: list[dict[str, Any]]
     materialized: bool
     durable: int  # events on disk before ``pending``
+    #: A digest of those ``durable`` events, when known: a log rewritten with the same
+    #: count is then told apart from the one the writer left (set by the coordinator).
+    durable_digest: Fingerprint | None = None
 
 
 class SessionWriter:
@@ -527,16 +531,22 @@ class SessionWriter:
 def retry_leftover(backend: Backend, leftover: Leftover) -> None:
     """Blocking: write a failed retirement's events under a fresh lock, if the stored
     log still ends where the writer left it (else nothing is written: the log moved on,
-    e.g. the session was resumed meanwhile, and appending would fork its history)."""
+    e.g. the session was resumed meanwhile, and appending would fork its history).
+    With a ``durable_digest`` the stored events must be exactly the ones the writer
+    knew durable, not only as many (a log deleted and written again, or rewritten by
+    another process, with the same count)."""
     sid = leftover.id
     lease = backend.acquire_writer(leftover.header)
     try:
         if leftover.materialized:
-            stored = len(backend.load(sid).records)
-            if stored != leftover.durable:
+            records = backend.load(sid).records
+            digest = leftover.durable_digest
+            same_count = len(records) == leftover.durable
+            if not same_count or (digest is not None and not digest.equals(records)):
                 raise PersistenceError(
                     f'{backend.name}: session "{sid}" moved on since its retirement failed '
-                    f"({stored} stored event(s), expected {leftover.durable}): "
+                    f"({len(records)} stored event(s), expected {leftover.durable}"
+                    f"{', not the ones it wrote' if same_count else ''}): "
                     f"{len(leftover.pending)} event(s) dropped",
                     session_id=sid,
                 )
