@@ -26,11 +26,11 @@ from typing import Any
 
 import orjson
 
+from harness.bench._disk import HEADER, resume_samples
 from harness.bench._events import bench_record
 from harness.bench._runner import Result, loads_floor, median_ms
 from harness.persistence import Backend, SqliteBackend
 
-HEADER = {"version": 0, "id": "bench", "createdAt": 1, "cwd": "/bench"}
 URL_ENV = "HARNESS_BENCH_POSTGRES_URL"
 
 Factory = Callable[[], Backend]
@@ -149,13 +149,6 @@ def w5_on(kind: str, n: int, runs: int) -> list[Result]:
 
 def w7_on(kind: str, n: int, runs: int) -> list[Result]:
     """W7 on ``kind``: resume an N-event session end to end (load + repair + publish)."""
-    import trio
-
-    from actors import Owner
-    from harness.agent import ScriptedProvider, open_agent_loop
-    from harness.persistence import open_persistence
-    from harness.runtime import open_store
-
     lines = [orjson.dumps(bench_record(i)) for i in range(n)]
     tmp = Path(tempfile.mkdtemp(prefix="harness-bench-"))
     try:
@@ -163,28 +156,7 @@ def w7_on(kind: str, n: int, runs: int) -> list[Result]:
             backend = make()
             try:
                 backend.materialize(dict(HEADER), [bench_record(i) for i in range(n)])
-
-                async def main() -> list[float]:
-                    """Resume ``runs`` times, each from cold. Owns the runtime it opens;
-                    run by ``trio.run`` only (nothing cancels it)."""
-                    samples = []
-                    async with (
-                        open_store() as store,
-                        open_persistence(store, backend) as p,
-                        open_agent_loop(store, provider=ScriptedProvider([]), persistence=p) as loop,
-                        Owner("bench") as owner,
-                    ):
-                        for _ in range(runs):
-                            t0 = time.perf_counter()
-                            handle = await loop.resume("bench", owner=owner)
-                            samples.append(time.perf_counter() - t0)
-                            assert handle.session.seq >= n + 1
-                            await handle.dispose()
-                            del handle
-                            await p.wait_retired("bench")
-                    return samples
-
-                samples = iter(trio.run(main))
+                samples = iter(resume_samples(backend, n, runs))
             finally:
                 _close(backend)
         floor = median_ms(lambda: loads_floor(lines), runs)

@@ -12,7 +12,7 @@ import orjson
 
 from harness.bench._events import bench_record
 from harness.bench._runner import Result, loads_floor, median_ms
-from harness.persistence import JsonlBackend, build_session
+from harness.persistence import Backend, JsonlBackend, build_session
 from harness.session import gc_paused
 
 HEADER = {"version": 0, "id": "bench", "createdAt": 1, "cwd": "/bench"}
@@ -82,11 +82,10 @@ def w5(n: int, runs: int) -> list[Result]:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def w7(n: int, runs: int) -> list[Result]:
-    """Resume end to end: load + repair + publish of an n-event session from disk.
-
-    Floor: ``orjson.loads`` of the same lines with the collector off (W4's floor).
-    """
+def resume_samples(backend: Backend, n: int, runs: int) -> list[float]:
+    """Seconds per end-to-end resume (load + repair + publish) of the stored n-event
+    session ``bench`` in ``backend``, ``runs`` times, each from cold (W7 on every
+    backend). Runs its own ``trio.run``; owns the runtime it opens."""
     import trio
 
     from actors import Owner
@@ -94,6 +93,34 @@ def w7(n: int, runs: int) -> list[Result]:
     from harness.persistence import open_persistence
     from harness.runtime import open_store
 
+    async def main() -> list[float]:
+        samples = []
+        async with (
+            open_store() as store,
+            open_persistence(store, backend) as p,
+            open_agent_loop(store, provider=ScriptedProvider([]), persistence=p) as loop,
+            Owner("bench") as owner,
+        ):
+            for _ in range(runs):
+                t0 = time.perf_counter()
+                handle = await loop.resume("bench", owner=owner)
+                samples.append(time.perf_counter() - t0)
+                assert handle.session.seq >= n + 1
+                await handle.dispose()
+                del handle
+                # Each run starts cold: the previous incarnation's final write and
+                # teardown are not part of the next resume.
+                await p.wait_retired("bench")
+        return samples
+
+    return trio.run(main)
+
+
+def w7(n: int, runs: int) -> list[Result]:
+    """Resume end to end: load + repair + publish of an n-event session from disk.
+
+    Floor: ``orjson.loads`` of the same lines with the collector off (W4's floor).
+    """
     tmp = Path(tempfile.mkdtemp(prefix="harness-bench-"))
     try:
         backend = JsonlBackend(tmp)
@@ -102,28 +129,7 @@ def w7(n: int, runs: int) -> list[Result]:
         path = backend.locate("bench")
         assert path is not None
         lines = path.read_bytes().splitlines()[1:]
-
-        async def main() -> list[float]:
-            samples = []
-            async with (
-                open_store() as store,
-                open_persistence(store, JsonlBackend(tmp)) as p,
-                open_agent_loop(store, provider=ScriptedProvider([]), persistence=p) as loop,
-                Owner("bench") as owner,
-            ):
-                for _ in range(runs):
-                    t0 = time.perf_counter()
-                    handle = await loop.resume("bench", owner=owner)
-                    samples.append(time.perf_counter() - t0)
-                    assert handle.session.seq >= n + 1
-                    await handle.dispose()
-                    del handle
-                    # Each run starts cold: the previous incarnation's final write and
-                    # teardown are not part of the next resume.
-                    await p.wait_retired("bench")
-            return samples
-
-        samples = iter(trio.run(main))
+        samples = iter(resume_samples(JsonlBackend(tmp), n, runs))
         return [
             Result("W7", median_ms(lambda: next(samples), runs), median_ms(lambda: loads_floor(lines), runs), {"n": n}, "resume: load + repair + publish")
         ]

@@ -35,6 +35,7 @@ from pathlib import Path
 import orjson
 import trio
 
+from harness.bench._disk import HEADER
 from harness.bench._events import bench_payload, bench_record
 from harness.bench._runner import Result, median_ms
 from harness.persistence import (
@@ -49,7 +50,6 @@ from harness.session import EventDraft, Session, event_to_record, gc_paused
 
 BACKENDS = ("jsonl", "sqlite")
 BATCH = 50
-HEADER = {"version": 0, "id": "bench", "createdAt": 1, "cwd": "/bench"}
 
 
 def _clock() -> int:
