@@ -21,7 +21,7 @@ import trio
 from actors import Actor, ActorRuntime
 from harness.persistence import JsonlBackend, open_persistence
 from harness.runtime import open_store
-from harness.session import Session, gc_paused, promote_young
+from harness.session import Session, decode_records, gc_paused, promote_young
 from tests.helpers import user
 
 
@@ -109,11 +109,32 @@ def _records(n: int) -> list[dict[str, Any]]:
 def test_restore_moves_a_large_log_to_the_oldest_generation(collector: None) -> None:
     header = {"version": 0, "id": "big", "createdAt": 1}
     lines = [orjson.dumps(r) for r in _records(8000)]
-    s = Session.restore_lines("big", lines, header)
+    with gc_paused():  # decoded and adopted in one pause, as the persistence readers do
+        s = Session.restore("big", decode_records(lines), header)
     data = s.events[4000].data
     content = data["content"]  # type: ignore[index]
     assert _in_generation(content._raw, 2)  # type: ignore[union-attr]
     assert gc.get_count()[0] < 1000
+
+
+def test_restored_lines_keep_their_bytes_not_trees(collector: None) -> None:
+    """Decision 0010: a plain event restored from a line keeps the line; its data is
+    decoded again, equal and fresh, on every read, and the collector sees no trees."""
+    header = {"version": 0, "id": "lines", "createdAt": 1}
+    records = _records(3000)
+    lines = [orjson.dumps(r) for r in records]
+    gc.collect()
+    tracked = len(gc.get_objects())
+    s = Session.restore_lines("lines", lines, header)
+    del lines
+    gc.collect()
+    # 3000 events, 4 containers each as trees: none of them is left for the collector.
+    assert len(gc.get_objects()) - tracked < 100
+    first, again = s.events[1234], s.events[1234]
+    assert first == again and first.data == records[1234]["data"]
+    assert first.data._raw is not again.data._raw  # type: ignore[union-attr]
+    assert s.raw_data_at(7) == records[7]["data"]
+    assert [e.seq for e in s.events[:3]] == [0, 1, 2] and s.seq == 3001  # + end-seed
 
 
 def test_a_restored_log_holds_no_event_objects(collector: None) -> None:

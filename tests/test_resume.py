@@ -183,6 +183,11 @@ class BlockingBackend(JsonlBackend):
         self.gate.wait(10)
         return super().load(session_id)
 
+    def load_lines(self, session_id: str) -> Any:  # the resume's fast read
+        self.entered.set()
+        self.gate.wait(10)
+        return super().load_lines(session_id)
+
 
 async def test_preparation_that_finishes_late_is_disposed_at_shutdown(tmp_path: Path) -> None:
     await seed_session(tmp_path)

@@ -27,6 +27,21 @@ class StoredLog:
     revision: str
 
 
+@attrs.frozen
+class StoredLines:
+    """A log read but not decoded (``JsonlBackend.load_lines``): the header record
+    (``type`` removed, checked), every complete event line in order, where the torn
+    fragment after the last newline starts (``None`` if none), and the revision of
+    exactly these bytes. Whether the lines are valid records is for the reader of the
+    lines to find out (:meth:`~harness.session.Session.restore_stored_lines`); when
+    they are not, :meth:`Backend.load` applies the reading rules."""
+
+    header: dict[str, Any]
+    lines: list[bytes]
+    truncate_to: int | None
+    revision: str
+
+
 class WriterLease:
     """Proof of being the one live writer of a session. ``release`` is idempotent.
 

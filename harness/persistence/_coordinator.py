@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import math
@@ -29,7 +30,7 @@ from harness.errors import (
     SessionLogExistsError,
     SessionNotLiveError,
 )
-from harness.persistence._backend import Backend, StoredLog, WriterLease, header_record
+from harness.persistence._backend import Backend, StoredLines, StoredLog, WriterLease, header_record
 from harness.persistence._restore import build_session as build_session
 from harness.persistence._service import (
     Fingerprint,
@@ -519,6 +520,9 @@ class Persistence(ServiceMixin):
             return self._prepare_paused(session_id)
 
     def _prepare_paused(self, session_id: str) -> tuple[Session, WriterLease, int, int]:
+        fast = self._prepare_from_lines(session_id)
+        if fast is not None:
+            return fast
         stored = self.backend.load(session_id)
         lease = self.backend.acquire_writer(stored.header)
         try:
@@ -532,6 +536,40 @@ class Persistence(ServiceMixin):
             cursor = len(records)
             records.clear()  # adopted by the session: drop the envelopes now
             return session, lease, cursor, len(closers)
+        except BaseException:
+            lease.release()
+            raise
+
+    def _prepare_from_lines(self, session_id: str) -> tuple[Session, WriterLease, int, int] | None:
+        """The common resume in one pass over undecoded lines (decision 0010): every
+        line a plain event of a known type with seq = its index, no open turn to close.
+        The session keeps each line instead of its decoded tree. ``None`` (nothing
+        held) whenever anything else holds — a bad or torn-inside line, a chunk row, an
+        unknown or legacy type, an open turn, a validation failure, a log that moved
+        while it was read — and the general path then reads the log again and applies
+        the exact rules and messages. Runs on a worker thread."""
+        load_lines = getattr(self.backend, "load_lines", None)
+        if load_lines is None:
+            return None
+        stored: StoredLines | None = load_lines(session_id)
+        if stored is None:
+            return None
+        lease = self.backend.acquire_writer(stored.header)
+        try:
+            session: Session | None = None
+            if self.backend.revision(session_id) == stored.revision:
+                with contextlib.suppress(HarnessError):
+                    session = Session.restore_stored_lines(
+                        session_id, stored.lines, stored.header, KNOWN_EVENT_TYPES
+                    )
+            if session is None:
+                lease.release()
+                return None
+            cursor = len(stored.lines)
+            stored.lines.clear()  # adopted by the session
+            if stored.truncate_to is not None:
+                self.backend.commit_repair(session_id, stored.truncate_to, [], lease=lease)
+            return session, lease, cursor, 0
         except BaseException:
             lease.release()
             raise

@@ -36,7 +36,13 @@ from harness.errors import (
     StorageLayoutError,
     StorageRowError,
 )
-from harness.persistence._backend import StoredLog, WriterLease, check_header_record, header_line
+from harness.persistence._backend import (
+    StoredLines,
+    StoredLog,
+    WriterLease,
+    check_header_record,
+    header_line,
+)
 from harness.persistence._files import OsFiles
 from harness.persistence._zstd import (
     ZstdCodec,
@@ -303,6 +309,27 @@ class JsonlBackend:
                     self._recovered[session_id] = (good, stored.revision, b"")
             return stored
         return self._read(session_id, path, data, revision)
+
+    def load_lines(self, session_id: str) -> StoredLines | None:
+        """The resume fast path's read (decision 0010): the header checked, the event
+        lines split but not decoded. ``None`` where only :meth:`load`'s rules apply: a
+        Zstandard log, or one with unacknowledged bytes from a failed rollback. Raises
+        as :meth:`load` does for an absent log or a bad header."""
+        if self._codec is not None or session_id in self._torn:
+            return None
+        path = self.locate(session_id)
+        if path is None:
+            raise PersistedSessionNotFoundError(f'session "{session_id}" not found', session_id=session_id)
+        data, revision = _read_stable(path)
+        nl = data.find(b"\n")
+        if nl < 0:
+            return None  # load() names the corruption
+        header = self._header(session_id, path, data[:nl])
+        size = len(data)
+        lines = data.split(b"\n")
+        del data, lines[0]
+        fragment = lines.pop()
+        return StoredLines(header, lines, size - len(fragment) if fragment else None, revision)
 
     def _read(self, session_id: str, path: Path, data: bytes, revision: str) -> StoredLog:
         if self._codec is None:

@@ -14,6 +14,10 @@ appended, and shares its data tree.
 
 Columns are append-only, so any prefix of them is immutable: a fork shares its
 parent's columns up to the boundary instead of copying them.
+
+A data entry is either the raw tree or, for an event restored from a JSON line, that
+line's ``bytes`` (decision 0010): the tree is decoded from it whenever the event is
+read. ``bytes`` is never a JSON value, so the two cannot be confused.
 """
 
 from __future__ import annotations
@@ -23,6 +27,8 @@ from collections.abc import Iterator, Sequence
 from itertools import compress, islice
 from typing import Final, overload
 
+import orjson
+
 from harness.session._events import APPEND, KNOWN_EVENT_TYPES, Event, SurfaceOp
 from harness.session._json import RawJson
 
@@ -30,6 +36,8 @@ NO_OP: Final = 0
 APPEND_OP: Final = 1
 WHOLE: Final = 2
 """Kinds: no surface op, a plain ``"append"``, or an event kept whole in ``whole``."""
+
+_loads: Final = orjson.loads
 
 INTERNED: Final[dict[str, str]] = {t: t for t in KNOWN_EVENT_TYPES}
 """Known types map to one shared string each (a decoded log has a fresh one per event)."""
@@ -44,7 +52,8 @@ class Columns:
     def __init__(self) -> None:
         self.types: list[str] = []
         self.times = array("q")
-        self.datas: list[RawJson] = []
+        # A raw tree, or the encoded record line it decodes from (see the module doc).
+        self.datas: list[RawJson | bytes] = []
         self.kinds = bytearray()
         self.whole: dict[int, Event] = {}
 
@@ -69,7 +78,10 @@ class Columns:
         kind = self.kinds[i]
         if kind == WHOLE:
             return self.whole[i]
-        return Event(self.types[i], seq, self.times[i], self.datas[i], APPEND if kind else None, None, False)
+        data = self.datas[i]
+        if type(data) is bytes:
+            data = _loads(data)["data"]
+        return Event(self.types[i], seq, self.times[i], data, APPEND if kind else None, None, False)
 
     def copy_prefix(self, n: int) -> Columns:
         out = Columns()
@@ -143,9 +155,12 @@ class Log(Sequence[Event]):
         return self._base.types[i] if i < k else self._own.types[i - k]
 
     def data_at(self, i: int) -> RawJson:
-        """The raw (private) data tree of event ``i``: read it, never mutate it."""
+        """The raw (private) data tree of event ``i``: read it, never mutate it. An
+        encoded entry is decoded afresh on every call (callers that read one event
+        often keep what they derive from it)."""
         k = self._k
-        return self._base.datas[i] if i < k else self._own.datas[i - k]
+        data = self._base.datas[i] if i < k else self._own.datas[i - k]
+        return _loads(data)["data"] if type(data) is bytes else data
 
     def seqs_of_type(self, type_: str) -> list[int]:
         """The seqs of the events of type ``type_``, in order, without materialising

@@ -302,14 +302,57 @@ class Session:
         clock: Clock = wall_clock_ms,
         validator: AppendValidator | None = None,
     ) -> Session:
-        """Decode JSON event lines and :meth:`restore` them, under one collector pause.
+        """Restore mode over JSON event lines: each is decoded, checked and adopted.
 
-        Decoding and adopting in one pause matters: re-enabling the collector between
-        the two would make the first allocation of the restore pay for a collection
-        over every freshly decoded object.
+        Compact (decision 0010): an event of the common shapes keeps its ``bytes``
+        line instead of the decoded tree, which is dropped at once; its data is decoded
+        again when it is read (``Session.events``, derive, compaction). A restored
+        session then holds about its file's size instead of ~3x, and decoding one line
+        at a time reuses the same memory instead of building every tree first. Lines
+        given as ``str``, and every line when a ``validator`` replays the seed, are
+        adopted as trees. The collector is paused throughout.
         """
-        with gc_paused():
-            return cls.restore(session_id, decode_records(lines), header, clock=clock, validator=validator)
+        self = cls._blank(session_id, clock, validator)
+        self._header = (
+            validate_header_record(header.to_record(), session_id)
+            if isinstance(header, SessionHeader)
+            else validate_header_record(header, session_id)
+        )
+        with gc_paused(promote=True):
+            if validator is not None:
+                self._restore_records(decode_records(lines))
+            else:
+                self._restore_items(lines if isinstance(lines, Sequence) else list(lines), True, None)
+            self._finish_construction(True)
+        return self
+
+    @classmethod
+    def restore_stored_lines(
+        cls,
+        session_id: str,
+        lines: Sequence[bytes],
+        header: dict[str, Any],
+        types: frozenset[str],
+        *,
+        clock: Clock = wall_clock_ms,
+    ) -> Session | None:
+        """:meth:`restore_lines` for a persistence reader's fast path: ``None`` as soon
+        as a line is not one plain stored event (not a JSON object, a ``seq`` other
+        than its index, a ``type`` outside ``types``), so that the reader applies its
+        exact rules (torn lines, chunk rows, unknown types) to the whole log instead.
+        ``types`` must include the three message types. ``None`` also when the lines
+        end inside an open turn: the reader's crash repair closes it first. Other
+        validation failures raise as :meth:`restore` does."""
+        self = cls._blank(session_id, clock, None)
+        self._header = validate_header_record(header, session_id)
+        with gc_paused(promote=True):
+            if not self._restore_items(lines, True, types):
+                return None
+            marks = self._turn_marks
+            if marks and self._events.type_at(marks[-1]) == "turn/start":
+                return None
+            self._finish_construction(True)
+        return self
 
     @classmethod
     def fork_of(
@@ -374,17 +417,23 @@ class Session:
             self._vstate = hook(self._vstate, types)
 
     def _restore_records(self, records: list[dict[str, Any]]) -> None:
-        # The hot loop of W4. Records of the common shapes (log-only events without
-        # metadata, plain surface appends of well-formed messages) are checked and
-        # adopted straight into the log's columns (no Event objects, decision 0006);
-        # anything else, valid or not, takes the general path, which also produces
-        # the exact error. Exact key sets are checked by length: the four required
-        # keys are read, so 4 keys (or 5 with surfaceOp) means no others.
         if self._validator is not None:
             self._begin_seed(rec.get("type") if type(rec) is dict else None for rec in records)
             for i, rec in enumerate(records):
                 self._seed_record(i, rec)
             return
+        self._restore_items(records, False, None)
+
+    def _restore_items(self, items: Sequence[Any], encoded: bool, types: frozenset[str] | None) -> bool:
+        # The hot loop of W4 and W7. Records of the common shapes (log-only events
+        # without metadata, plain surface appends of well-formed messages) are checked
+        # and adopted straight into the log's columns (no Event objects, decision
+        # 0006); anything else, valid or not, takes the general path, which also
+        # produces the exact error. Exact key sets are checked by length: the four
+        # required keys are read, so 4 keys (or 5 with surfaceOp) means no others.
+        # ``encoded``: items are JSON lines, decoded here one at a time; a bytes line
+        # on the fast path is what the column keeps (decision 0010). ``types``: the
+        # strict mode of restore_stored_lines (False when a line is not plain).
         surface = self._surface
         # The position index is rebuilt on first use (a replace), not kept per append.
         surface._pos = None
@@ -398,19 +447,41 @@ class Session:
             cols.kinds.append,
         )
         interned = INTERNED.get
+        strict = types is not None
+        loads = orjson.loads
+        decode_error = orjson.JSONDecodeError
 
-        def seed_record(i: int, rec: Any) -> None:
+        def seed_record(i: int, rec: Any) -> bool:
             # The fast path appends nodes without indexing them: the slow path's
             # replace must find every node, so the index is rebuilt on its demand.
+            if strict and (
+                type(rec) is not dict
+                or type(rec.get("seq")) is not int
+                or rec["seq"] != i
+                or type(rec.get("type")) is not str
+                or rec["type"] not in types  # type: ignore[operator]
+            ):
+                return False
             surface._pos = None
             self._seed_record(i, rec)
+            return True
 
         message_types = MESSAGE_TYPES
         safe = SAFE_INT_MAX
         message_ok = _message_ok
-        for i, rec in enumerate(records):
+        for i, item in enumerate(items):
+            if encoded:
+                try:
+                    rec = loads(item)
+                except decode_error:
+                    if strict:
+                        return False
+                    raise
+            else:
+                rec = item
             if type(rec) is not dict:
-                seed_record(i, rec)
+                if not seed_record(i, rec):
+                    return False
                 continue
             t = rec.get("type")
             seq = rec.get("seq")
@@ -424,26 +495,30 @@ class Session:
                 or not -safe <= tm <= safe
                 or type(t) is not str
             ):
-                seed_record(i, rec)
+                if not seed_record(i, rec):
+                    return False
                 continue
             n = len(rec)
             if t in message_types:
                 if n != 5 or rec.get("surfaceOp") != APPEND or not message_ok(t, data):
-                    seed_record(i, rec)
+                    if not seed_record(i, rec):
+                        return False
                     continue
                 push_node(i)
                 kind = APPEND_OP
-            elif n == 4 and t != "request/header" and t != _LEGACY_DELTA:
+            elif n == 4 and t != "request/header" and t != _LEGACY_DELTA and (not strict or t in types):  # type: ignore[operator]
                 if t in _NOTED:
                     self._note_type(t, i)
                 kind = NO_OP
             else:
-                seed_record(i, rec)
+                if not seed_record(i, rec):
+                    return False
                 continue
             push_type(interned(t, t))
             push_time(tm)
-            push_data(data)
+            push_data(item if encoded and type(item) is bytes else data)
             push_kind(kind)
+        return True
 
     def _seed_record(self, i: int, rec: dict[str, Any]) -> None:
         if not valid_envelope(rec):
