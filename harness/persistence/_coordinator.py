@@ -14,6 +14,7 @@ from itertools import repeat
 from typing import Any, final
 
 import attrs
+import orjson
 import trio
 
 from harness.errors import (
@@ -552,21 +553,23 @@ class Persistence(ServiceMixin):
         if load_lines is None:
             return None
         stored: StoredLines | None = load_lines(session_id)
-        if stored is None:
+        if stored is None or _ends_in_open_turn(stored.lines):
             return None
+        session: Session | None = None
+        # Restored before the lock is taken, as the general path reads before it locks:
+        # a log that does not read is reported as such even while another process
+        # holds it, and a declined read has taken nothing.
+        with contextlib.suppress(HarnessError):
+            session = Session.restore_stored_lines(session_id, stored.lines, stored.header, KNOWN_EVENT_TYPES)
+        if session is None:
+            return None
+        cursor = len(stored.lines)
+        stored.lines.clear()  # adopted by the session
         lease = self.backend.acquire_writer(stored.header)
         try:
-            session: Session | None = None
-            if self.backend.revision(session_id) == stored.revision:
-                with contextlib.suppress(HarnessError):
-                    session = Session.restore_stored_lines(
-                        session_id, stored.lines, stored.header, KNOWN_EVENT_TYPES
-                    )
-            if session is None:
-                lease.release()
+            if self.backend.revision(session_id) != stored.revision:
+                lease.release()  # written meanwhile: the general path reads it again
                 return None
-            cursor = len(stored.lines)
-            stored.lines.clear()  # adopted by the session
             if stored.truncate_to is not None:
                 self.backend.commit_repair(session_id, stored.truncate_to, [], lease=lease)
             return session, lease, cursor, 0
@@ -790,6 +793,26 @@ class Persistence(ServiceMixin):
             failures={sid: errs[0] for sid, errs in by_id.items()},
             errors=tuple(exc for _, exc in failures),
         )
+
+
+def _ends_in_open_turn(lines: list[bytes], window: int = 1000) -> bool:
+    """A cheap look for a crash's open turn in the last ``window`` lines, so that such a
+    log goes straight to the general reader (which writes its closers) instead of
+    being restored twice. Only lines that mention a turn marker are decoded; a log
+    this misses is still declined by the restore, after its pass."""
+    loads = orjson.loads
+    for line in reversed(lines[-window:]):
+        if b'"turn/' not in line:
+            continue
+        try:
+            t = loads(line).get("type")
+        except (orjson.JSONDecodeError, AttributeError):
+            return False  # not a plain record: the restore declines it anyway
+        if t == "turn/end":
+            return False
+        if t == "turn/start":
+            return True
+    return False
 
 
 _LEGACY_TYPES = frozenset({"request/header-delta", "mode/set", "steering/message"})

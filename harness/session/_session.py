@@ -24,6 +24,7 @@ from harness.session._events import (
     ASSISTANT_MESSAGE,
     END_SEED,
     SAFE_INT_MAX,
+    SURFACE_TYPES,
     USER_MESSAGE,
     Event,
     ReplaceOp,
@@ -525,6 +526,9 @@ class Session:
             raise EventError(
                 f"seed event at index {i} has an invalid event envelope", session_id=self._sid
             )
+        if type(rec["data"]) is bytes:
+            # Not JSON, and a column entry of bytes means an encoded line (0010).
+            raise EventError(f"seed event at index {i} has bytes data, not a JSON value", session_id=self._sid)
         self._seed_one(i, rec["type"], rec["data"], None, rec)
 
     def _seed_one(
@@ -755,8 +759,20 @@ class Session:
         source_event_seqs: Sequence[int] | None = None,
     ) -> Event:
         """Validate, copy and append one event; return the logged (frozen) event."""
-        plan = self.plan((EventDraft(type, data, surface_op, source_event_seqs),))
-        return self.commit(plan)[0]
+        # plan + commit of a one-draft batch, without the draft and plan objects (the
+        # hot path of W1): validate everything, then change the session.
+        base = len(self._events)
+        event, sp = self._plan_one(
+            type, data, surface_op, source_event_seqs, base, self._now(), self._surface, self._events.__getitem__
+        )
+        vstate = self._vstate
+        if self._validator is not None:
+            vstate = self._validator.check(vstate, event)
+        _apply_plan(self._surface, base, sp)
+        self._note(event)
+        self._events.append(event)
+        self._vstate = vstate
+        return event
 
     def append_batch(self, drafts: Sequence[EventDraft]) -> tuple[Event, ...]:
         """Append a batch: it lands whole, or raises and changes nothing."""
@@ -769,14 +785,7 @@ class Session:
         the session has not changed since (see :meth:`commit`).
         """
         base = len(self._events)
-        now = self._clock() if time_ms is None else time_ms
-        if type(now) is not int or not -SAFE_INT_MAX <= now <= SAFE_INT_MAX:
-            # Checked here, not at commit: an out-of-range time would otherwise fail
-            # half-way through the commit (or later, in the write-behind encoder).
-            raise EventError(
-                f'session "{self.id}" clock returned {now!r}; an event time must be a '
-                "safe integer of milliseconds"
-            )
+        now = self._now() if time_ms is None else self._checked_time(time_ms)
         # Replaces need positions that reflect earlier drafts of the batch: they are
         # planned against a private clone. Appends never read surface state.
         # A replace reads positions: only a replace after another surface op of the
@@ -802,30 +811,49 @@ class Session:
         def event_at(seq: int) -> Event:
             return log[seq] if seq < base else events[seq - base]
 
+        plan_one = self._plan_one
+        validator = self._validator
         for k, d in enumerate(drafts):
-            event, sp = self._plan_one(d, base + k, now, state, event_at)
-            if self._validator is not None:
-                vstate = self._validator.check(vstate, event)
+            seq = base + k
+            event, sp = plan_one(d.type, d.data, d.surface_op, d.source_event_seqs, seq, now, state, event_at)
+            if validator is not None:
+                vstate = validator.check(vstate, event)
             if needs_clone:
-                state.apply(sp)
+                _apply_plan(state, seq, sp)
             events.append(event)
             plans.append(sp)
         return AppendPlan(
             self, base, tuple(events), tuple(plans), state if needs_clone else None, vstate
         )
 
+    def _now(self) -> int:
+        return self._checked_time(self._clock())
+
+    def _checked_time(self, now: Any) -> int:
+        if type(now) is not int or not -SAFE_INT_MAX <= now <= SAFE_INT_MAX:
+            # Checked while planning, not at commit: an out-of-range time would
+            # otherwise fail half-way through the commit (or later, in the
+            # write-behind encoder).
+            raise EventError(
+                f'session "{self.id}" clock returned {now!r}; an event time must be a '
+                "safe integer of milliseconds"
+            )
+        return now
+
     def _plan_one(
         self,
-        d: EventDraft,
+        type_: Any,
+        raw_data: object,
+        op: Any,
+        src: Any,
         seq: int,
         now: int,
         state: SurfaceState,
         event_at: Callable[[int], Event],
     ) -> tuple[Event, SurfacePlan]:
-        type_ = d.type
         if type(type_) is not str:
             raise EventError(f"session event type must be a string, got {type_!r}", session_id=self._sid)
-        why, data = try_snapshot_storable(d.data)
+        why, data = try_snapshot_storable(raw_data)
         if why is not None:
             if why == "too deep":
                 # Refused here: accepted, it would fail every write-behind flush.
@@ -845,9 +873,15 @@ class Session:
                 f'{_label(type_)} uses unsupported legacy request/header reason "fallback"',
                 session_id=self._sid,
             )
+        if src is None:
+            # The common shapes (a plain surface append, a log-only event) need no
+            # surface planning: the checks plan_surface would make are these.
+            if type(op) is str and op == APPEND and type_ in SURFACE_TYPES:
+                return Event(type_, seq, now, data, APPEND, None), _PLAIN_APPEND
+            if op is None and type_ not in SURFACE_TYPES:
+                return Event(type_, seq, now, data, None, None), _NO_SURFACE
         raw_op: Any = _MISSING
         raw_src: Any = _MISSING
-        op = d.surface_op
         if op is not None:
             if op == APPEND and type(op) is str:
                 raw_op = APPEND  # the common case: a literal needs no snapshot
@@ -860,8 +894,7 @@ class Session:
                         f"{_label(type_)} carries non-JSON-serializable surface metadata",
                         session_id=self._sid,
                     )
-        if d.source_event_seqs is not None:
-            src = d.source_event_seqs
+        if src is not None:
             ok, raw_src = try_snapshot_raw(list(src) if type(src) is tuple else src)
             if not ok:
                 raise NotJsonError(
@@ -899,9 +932,9 @@ class Session:
         if plan.surface is not None:
             self._surface = plan.surface
         else:
-            apply = self._surface.apply
-            for sp in plan.plans:
-                apply(sp)
+            surface = self._surface
+            for seq, sp in enumerate(plan.plans, plan.base_seq):
+                _apply_plan(surface, seq, sp)
         for ev in plan.events:
             self._note(ev)
         self._events.extend(plan.events)
@@ -919,6 +952,19 @@ _NOTED: Final = frozenset(
 )
 _NO_TURN: Final[Any] = object()
 """Returned by :meth:`Session.open_turn_at` when no turn is open."""
+
+
+_PLAIN_APPEND: Final = SurfacePlan(-1, APPEND, None)
+_NO_SURFACE: Final = SurfacePlan(-1, None, None)
+"""Shared plans of the two common shapes (identified by identity; see _apply_plan)."""
+
+
+def _apply_plan(state: SurfaceState, seq: int, sp: SurfacePlan) -> None:
+    """Apply the plan of event ``seq`` to ``state`` (the shared plans carry no seq)."""
+    if sp is _PLAIN_APPEND:
+        state.append_node(seq)
+    elif sp is not _NO_SURFACE:
+        state.apply(sp)
 
 
 def _fold_trusted(log: Log) -> SurfaceState:

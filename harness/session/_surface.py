@@ -96,14 +96,18 @@ class SurfaceState:
             pos = self._pos = {s: i for i, s in enumerate(self.nodes)}
         return pos.get(seq)
 
+    def append_node(self, seq: int) -> None:
+        """Apply a plain ``"append"`` of event ``seq``."""
+        if self._pos is not None:
+            self._pos[seq] = len(self.nodes)
+        self.nodes.append(seq)
+
     def apply(self, plan: SurfacePlan) -> None:
         op = plan.surface_op
         if op is None:
             return
         if op == APPEND:
-            if self._pos is not None:
-                self._pos[plan.seq] = len(self.nodes)
-            self.nodes.append(plan.seq)
+            self.append_node(plan.seq)
             return
         i, j = plan.start_index, plan.end_index
         pos = self._pos
