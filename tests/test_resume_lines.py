@@ -372,3 +372,27 @@ def test_resume_fast_path_with_a_failing_file_step(tmp_path: Path) -> None:
     report = explore_io(scenario, backend="jsonl")
     assert report.ok, report.distinct()
     assert all(n > 0 for n in report.steps.values()), report.steps
+
+
+class _CountingZstd(_Counting):
+    def __init__(self, root: Path) -> None:
+        JsonlBackend.__init__(self, root, compression="zstd")
+        self.calls = []
+
+
+async def test_a_zstd_log_takes_the_fast_path_and_a_torn_frame_falls_back(tmp_path: Path) -> None:
+    records = _plain(30)
+    JsonlBackend(tmp_path, compression="zstd").materialize(header(SID), records)
+    backend = _CountingZstd(tmp_path)
+    session, cursor = await _prepare(tmp_path, backend)
+    assert backend.calls == ["load_lines"] and cursor == 30
+    general = Session.restore(SID, [orjson.loads(orjson.dumps(r)) for r in records], header(SID))
+    assert _session_state(session)[0][:-1] == _session_state(general)[0][:-1]
+    # A torn final frame: the general reader's rules (it keeps the frame's whole lines).
+    path = backend.locate(SID)
+    assert path is not None
+    with path.open("ab") as f:
+        f.write(b"\x28\xb5\x2f\xfd\x00")  # a frame's magic and no more
+    backend = _CountingZstd(tmp_path)
+    session, cursor = await _prepare(tmp_path, backend)
+    assert backend.calls == ["load_lines", "load"] and cursor == 30

@@ -313,14 +313,17 @@ class JsonlBackend:
     def load_lines(self, session_id: str) -> StoredLines | None:
         """The resume fast path's read (decision 0010): the header checked, the event
         lines split but not decoded. ``None`` where only :meth:`load`'s rules apply: a
-        Zstandard log, or one with unacknowledged bytes from a failed rollback. Raises
+        log with unacknowledged bytes from a failed rollback, a Zstandard log whose
+        frames do not all decode into whole lines (a torn final frame included). Raises
         as :meth:`load` does for an absent log or a bad header."""
-        if self._codec is not None or session_id in self._torn:
+        if session_id in self._torn:
             return None
         path = self.locate(session_id)
         if path is None:
             raise PersistedSessionNotFoundError(f'session "{session_id}" not found', session_id=session_id)
         data, revision = _read_stable(path)
+        if self._codec is not None:
+            return self._zstd_lines(session_id, path, data, self._codec, revision)
         nl = data.find(b"\n")
         if nl < 0:
             return None  # load() names the corruption
@@ -330,6 +333,25 @@ class JsonlBackend:
         del data, lines[0]
         fragment = lines.pop()
         return StoredLines(header, lines, size - len(fragment) if fragment else None, revision)
+
+    def _zstd_lines(self, session_id: str, path: Path, data: bytes, codec: ZstdCodec, revision: str) -> StoredLines | None:
+        try:
+            frames, torn_start = scan_frames(data)
+            if not frames or torn_start is not None:
+                return None
+            plaintexts = codec.decode_frames(data, frames)
+            check_header_frame(plaintexts[0])
+        except SessionCorruptionError:
+            return None  # load() names it
+        header = self._header(session_id, path, plaintexts[0][:-1])
+        body = b"".join(plaintexts[1:])
+        del plaintexts, data
+        lines = body.split(b"\n")
+        del body
+        if lines.pop():
+            return None  # a complete frame ending inside a line: load() refuses it
+        self._recovered.pop(session_id, None)  # as load() does for a log with no torn frame
+        return StoredLines(header, lines, None, revision)
 
     def _read(self, session_id: str, path: Path, data: bytes, revision: str) -> StoredLog:
         if self._codec is None:
