@@ -28,20 +28,20 @@ from harness.persistence._coordinator import build_session
 from harness.persistence._jsonl import JsonlBackend
 from harness.persistence._service import refuse_legacy
 from harness.persistence._sqlite_rows import Row, scan_rows
-from harness.session import KNOWN_EVENT_TYPES, closers_for_records, event_to_record
+from harness.session import KNOWN_EVENT_TYPES, Session, closers_for_records, event_to_record, thaw
 
 SID: Final = "fuzz"
 HEADER: Final = {"version": 0, "id": SID, "createdAt": 1, "delegationDepth": 0}
 
 
-def restore(records: list[Any], header: dict[str, Any]) -> None:
+def restore(records: list[Any], header: dict[str, Any]) -> Session | None:
     """The coordinator's load, after the backend read (``Persistence._check_and_repair``
-    and ``build_session``): typed errors only."""
+    and ``build_session``): typed errors only; ``None`` for a log it refuses."""
     for rec in records:
         refuse_legacy(SID, rec)
         t = rec.get("type") if type(rec) is dict else None
         if type(t) is str and t not in KNOWN_EVENT_TYPES and rec.get("ignorable") is not True:
-            return  # the coordinator refuses the log (SessionFormatUnsupportedError)
+            return None  # the coordinator refuses the log (SessionFormatUnsupportedError)
     try:
         closers = [event_to_record(e) for e in closers_for_records(records)]
     except HarnessError:
@@ -50,7 +50,35 @@ def restore(records: list[Any], header: dict[str, Any]) -> None:
         # The coordinator wraps these too (its ``except Exception``): the scan of an
         # invalid log, reported as corruption. Kept identical here.
         raise SessionCorruptionError(f"closers: {exc}", session_id=SID) from exc
-    build_session(SID, header, records + closers)
+    return build_session(SID, header, records + closers)
+
+
+def _state(session: Session) -> list[Any]:
+    # Every event but the end-seed the restore appends (its time is the clock's).
+    return [
+        (e.type, e.seq, e.time, thaw(e.data), e.surface_op, e.source_event_seqs, e.ignorable)
+        for e in session.events[:-1]
+    ]
+
+
+def check_fast_read(backend: JsonlBackend, general: Session | None, truncate_to: int | None) -> None:
+    """The resume's fast read (decision 0010) of the same bytes: when it yields a
+    session, the general reader must have yielded an equal one, with the same torn
+    tail. A mismatch is a crash (``AssertionError``)."""
+    try:
+        lines = backend.load_lines(SID)
+        fast = (
+            None
+            if lines is None
+            else Session.restore_stored_lines(SID, lines.lines, lines.header, KNOWN_EVENT_TYPES)
+        )
+    except HarnessError:
+        return  # the coordinator falls back to the general reader
+    if fast is None:
+        return
+    assert lines is not None
+    if general is None or _state(fast) != _state(general) or lines.truncate_to != truncate_to:
+        raise AssertionError("the resume's fast read differs from the general reader")
 
 
 class JsonlTarget:
@@ -67,11 +95,15 @@ class JsonlTarget:
     def __call__(self, data: bytes) -> None:
         self.path.write_bytes(data)
         backend = JsonlBackend(self.root, compression=self.compression)  # type: ignore[arg-type]
+        general: Session | None = None
+        truncate_to: int | None = None
         try:
             stored = backend.load(SID)
-            restore(list(stored.records), dict(stored.header))
+            truncate_to = stored.truncate_to
+            general = restore(list(stored.records), dict(stored.header))
         except HarnessError:
-            pass
+            general = None
+        check_fast_read(backend, general, truncate_to)
 
     def close(self) -> None:
         self._dir.cleanup()

@@ -9,7 +9,7 @@ write-behind coordinator, and session preparations (restore from storage).
 
 from typing import TYPE_CHECKING, Any
 
-from harness.persistence._backend import Backend, StoredLog, WriterLease, header_record
+from harness.persistence._backend import Backend, StoredLines, StoredLog, WriterLease, header_record
 from harness.persistence._checkpoint import CheckpointPolicy
 from harness.persistence._coordinator import (
     Persistence,
@@ -34,6 +34,7 @@ __all__ = [
     "SessionInspection",
     "SessionPreparation",
     "SqliteBackend",
+    "StoredLines",
     "StoredLog",
     "WriterLease",
     "build_session",

@@ -67,6 +67,10 @@ class Backend(Protocol):
     write and refuses a lost one with ``LeaseLostError``; JSONL relies on its ``flock``.
     ``lock_held`` probes, from a fresh descriptor or connection, whether some writer
     holds the session (for invariant checks; works within one process).
+
+    Optional: ``load_lines(session_id) -> StoredLines | None``, the log's event lines
+    undecoded, which ``prepare`` tries first (decision 0010; JSONL has it). ``None``
+    sends it to :meth:`load`.
     """
 
     name: str

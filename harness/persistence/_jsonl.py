@@ -483,9 +483,10 @@ class JsonlBackend:
         """The batch as JSONL bytes, or :class:`RecordEncodingError` naming the first
         record that cannot be stored (never a raw ``TypeError`` from orjson)."""
         dumps = orjson.dumps
+        newline = orjson.OPT_APPEND_NEWLINE  # no copy per line to add it
         try:
             rows = pack_chunk_runs(records) if self.pack_chunks else records
-            return b"".join(dumps(r) + b"\n" for r in rows)
+            return b"".join([dumps(r, option=newline) for r in rows])
         except (TypeError, ValueError) as exc:  # orjson.JSONEncodeError is a TypeError
             raise _encoding_error(session_id, records, exc) from exc
 
