@@ -396,3 +396,17 @@ async def test_a_zstd_log_takes_the_fast_path_and_a_torn_frame_falls_back(tmp_pa
     backend = _CountingZstd(tmp_path)
     session, cursor = await _prepare(tmp_path, backend)
     assert backend.calls == ["load_lines", "load"] and cursor == 30
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.binary(max_size=300), st.integers(1, 40))
+def test_chunked_read_splits_like_the_whole_buffer(data: bytes, chunk: int) -> None:
+    import tempfile
+
+    from harness.persistence._jsonl import _read_lines_stable
+
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "log"
+        path.write_bytes(data)
+        lines, size, revision = _read_lines_stable(path, chunk)
+    assert lines == data.split(b"\n") and size == len(data) and revision

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import shutil
 import tempfile
@@ -109,8 +110,9 @@ def resume_samples(backend: Backend, n: int, runs: int) -> list[float]:
                 await handle.dispose()
                 del handle
                 # Each run starts cold: the previous incarnation's final write and
-                # teardown are not part of the next resume.
+                # teardown (freeing it, cycles included) are not part of the next resume.
                 await p.wait_retired("bench")
+                gc.collect()
         return samples
 
     return trio.run(main)
