@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
+
+from harness.persistence import JsonlBackend
 
 
 def user(mid: str = "u1", text: str = "hi") -> dict[str, Any]:
@@ -49,3 +52,20 @@ def header(sid: str, **extra: Any) -> dict[str, Any]:
     h: dict[str, Any] = {"version": 0, "id": sid, "createdAt": 1}
     h.update(extra)
     return h
+
+
+class CountingJsonl(JsonlBackend):
+    """A JSONL backend that records which reads ran (``load_lines``: the resume's fast
+    read, decision 0010; ``load``: the general reader)."""
+
+    def __init__(self, root: Path, **kw: Any) -> None:
+        super().__init__(root, **kw)
+        self.calls: list[str] = []
+
+    def load_lines(self, session_id: str) -> Any:
+        self.calls.append("load_lines")
+        return super().load_lines(session_id)
+
+    def load(self, session_id: str) -> Any:
+        self.calls.append("load")
+        return super().load(session_id)

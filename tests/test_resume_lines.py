@@ -25,7 +25,7 @@ from harness.faults._backends import check_at_rest, make_backend, plain_backend
 from harness.persistence import JsonlBackend, open_persistence
 from harness.runtime import open_store
 from harness.session import KNOWN_EVENT_TYPES, Session, thaw
-from tests.helpers import assistant, header, rec, tool_call_block, tool_result, user
+from tests.helpers import CountingJsonl, assistant, header, rec, tool_call_block, tool_result, user
 
 SID = "lines"
 
@@ -214,18 +214,7 @@ async def _prepare(root: Path, backend: JsonlBackend | None = None) -> tuple[Ses
             await prep.dispose()
 
 
-class _Counting(JsonlBackend):
-    def __init__(self, root: Path) -> None:
-        super().__init__(root)
-        self.calls: list[str] = []
-
-    def load_lines(self, session_id: str) -> Any:
-        self.calls.append("load_lines")
-        return super().load_lines(session_id)
-
-    def load(self, session_id: str) -> Any:
-        self.calls.append("load")
-        return super().load(session_id)
+_Counting = CountingJsonl
 
 
 async def test_prepare_takes_the_fast_path_and_equals_the_general_one(tmp_path: Path) -> None:
@@ -374,16 +363,14 @@ def test_resume_fast_path_with_a_failing_file_step(tmp_path: Path) -> None:
     assert all(n > 0 for n in report.steps.values()), report.steps
 
 
-class _CountingZstd(_Counting):
-    def __init__(self, root: Path) -> None:
-        JsonlBackend.__init__(self, root, compression="zstd")
-        self.calls = []
+def _counting_zstd(root: Path) -> CountingJsonl:
+    return CountingJsonl(root, compression="zstd")
 
 
 async def test_a_zstd_log_takes_the_fast_path_and_a_torn_frame_falls_back(tmp_path: Path) -> None:
     records = _plain(30)
     JsonlBackend(tmp_path, compression="zstd").materialize(header(SID), records)
-    backend = _CountingZstd(tmp_path)
+    backend = _counting_zstd(tmp_path)
     session, cursor = await _prepare(tmp_path, backend)
     assert backend.calls == ["load_lines"] and cursor == 30
     general = Session.restore(SID, [orjson.loads(orjson.dumps(r)) for r in records], header(SID))
@@ -393,7 +380,7 @@ async def test_a_zstd_log_takes_the_fast_path_and_a_torn_frame_falls_back(tmp_pa
     assert path is not None
     with path.open("ab") as f:
         f.write(b"\x28\xb5\x2f\xfd\x00")  # a frame's magic and no more
-    backend = _CountingZstd(tmp_path)
+    backend = _counting_zstd(tmp_path)
     session, cursor = await _prepare(tmp_path, backend)
     assert backend.calls == ["load_lines", "load"] and cursor == 30
 

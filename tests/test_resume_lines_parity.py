@@ -26,7 +26,7 @@ from harness.persistence._files import OsFiles
 from harness.persistence._service import Fingerprint, _canonical, reproduces
 from harness.runtime import open_store
 from harness.session import KNOWN_EVENT_TYPES, Session, event_to_record, thaw
-from tests.helpers import assistant, header, rec, tool_call_block, tool_result, user
+from tests.helpers import CountingJsonl, assistant, header, rec, tool_call_block, tool_result, user
 
 SID = "lines"
 
@@ -37,18 +37,7 @@ class _General(JsonlBackend):
     load_lines = None  # type: ignore[assignment]
 
 
-class _Counting(JsonlBackend):
-    def __init__(self, root: Path, **kw: Any) -> None:
-        super().__init__(root, **kw)
-        self.calls: list[str] = []
-
-    def load_lines(self, session_id: str) -> Any:
-        self.calls.append("load_lines")
-        return super().load_lines(session_id)
-
-    def load(self, session_id: str) -> Any:
-        self.calls.append("load")
-        return super().load(session_id)
+_Counting = CountingJsonl
 
 
 def _state(s: Session) -> tuple[Any, ...]:
