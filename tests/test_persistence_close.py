@@ -260,3 +260,32 @@ async def test_open_persistence_refuses_a_bad_write_delay(tmp_path: Path, bad: o
                 pass  # pragma: no cover
     assert repr(bad) in str(info.value)
     assert not (tmp_path / "s").exists()
+
+
+async def test_one_failed_final_write_is_tried_again_and_nothing_is_lost(tmp_path: Path) -> None:
+    """A live session's unflushed tail meets one transient failure at close: the close
+    writes it on its second try and reports nothing (the chaos scenario close-writes
+    explores this at every I/O step)."""
+    backend = FailingJsonl(tmp_path)
+    failing_append = backend.append
+    calls: list[str] = []
+
+    def append(session_id: str, records: list[dict[str, Any]], **kw: Any) -> None:
+        calls.append(session_id)
+        if len(calls) == 1:  # the close's first try fails, once (the flush materialized)
+            raise StorageIOError(f'appending to session "{session_id}" failed: a hiccup', session_id=session_id)
+        failing_append(session_id, records, **kw)
+
+    backend.append = append  # type: ignore[method-assign]
+    reports: list[WarningReport] = []
+    async with open_store() as store:
+        store.warnings.subscribe(reports.append)
+        async with open_persistence(store, backend, write_delay=60) as p:
+            a = await store.create("a", cwd="/w")
+            await a.append("feedback/record", 0)
+            await a.flush()
+            await a.append("feedback/record", 1)
+            await a.append("feedback/record", 2)
+            await p.aclose()
+    assert close_reports(reports) == [] and on_disk(tmp_path, "a") == [0, 1, 2]
+    assert calls == ["a", "a"]  # the failed try, the second try

@@ -50,6 +50,8 @@ from harness.compaction import SummarizationInput, SummaryOutput, load_basic_com
 from harness.errors import (
     HarnessError,
     OpenTurnError,
+    PersistedSessionNotFoundError,
+    PersistenceCloseError,
     PersistenceError,
     SessionNotLiveError,
     StoreError,
@@ -66,6 +68,7 @@ from harness.faults._backends import (
 )
 from harness.faults._explore import Probe, Scenario, Settings
 from harness.faults._invariants import (
+    _canonical,
     check_log,
     check_no_tasks_left,
     check_preparations,
@@ -637,6 +640,63 @@ async def write_behind(probe: Probe, kind: str) -> None:
     check_at_rest(probe, kind)
 
 
+async def close_writes(probe: Probe, kind: str) -> None:
+    """Two sessions leave events for the close to write: ``a`` is detached with its
+    turn unwritten (its retirement runs in the background, racing the close), ``b``
+    stays live with a flushed turn and an unflushed one. Under one transient I/O fault
+    the close still loses nothing and reports nothing: the final write of a live
+    session is tried once more, and a background retirement that failed is retried
+    (or found already done by the writer's own retry). Checked against every event the
+    sessions committed, not only the acknowledged ones."""
+    backend = make_backend(probe, kind)
+    handles: list[SessionHandle] = []
+    close_error: PersistenceError | None = None
+    try:
+        try:
+            async with rig(probe, backend, write_delay=0.05) as r:
+                with trio.CancelScope() as body:
+                    caller = Caller()
+                    probe.canceller("caller", caller.cancel)
+                    bind_teardown(probe, None, r.store, body)
+                    probe.arm()
+                    with caller.scope():
+                        for sid in ("a", "b"):
+                            h = await guarded(probe, f"create {sid}", partial(r.store.create, sid, cwd="/chaos"))
+                            if h is not None:
+                                track_session(probe, h)
+                                handles.append(h)
+                                await guarded(probe, "append", partial(append_turns, h, [1]))
+                        if len(handles) == 2:
+                            await flush_and_acknowledge(probe, handles[1], "flush b")
+                            await guarded(probe, "append", partial(append_turns, handles[1], [2]))
+                        if handles and handles[0].id == "a":
+                            await guarded(probe, "detach a", partial(r.store.detach, handles[0]))
+        except* PersistenceCloseError as group:
+            close_error = group.exceptions[0]  # type: ignore[assignment]
+    finally:
+        close_backend(backend)
+    probe.disarm()
+    # With no fault, or one transient I/O fault, closing loses nothing (a cancelled
+    # caller or teardown stops the appends, not the close).
+    probe.check(close_error is None, f"closing reported a loss: {close_error}")
+    if close_error is None:
+        plain = plain_backend(probe, kind)
+        try:
+            for h in handles:
+                committed = [event_to_record(e) for e in h.events]
+                try:
+                    stored = list(plain.load(h.id).records)
+                except PersistedSessionNotFoundError:
+                    stored = []
+                probe.check(
+                    [_canonical(x) for x in stored[: len(committed)]] == [_canonical(x) for x in committed],
+                    f'session "{h.id}": {len(committed)} event(s) committed, {len(stored)} stored after the close',
+                )
+        finally:
+            close_backend(plain)
+    check_at_rest(probe, kind)
+
+
 class Detacher:
     """The ``actor-stop`` canceller: detaches a session (its actor stops: drain, children
     cancelled, ``on_stop``) from a helper task, as an application closing it would."""
@@ -1062,6 +1122,13 @@ _DEFS: Final[list[tuple[str, Callable[[Probe, str], Awaitable[None]], str, tuple
         "an idle agent runs /compact while a follow-up is sent during the summary",
         ("caller", "owner", "teardown", "agent-cancel"),
         ("checkpoints", "io", "crash"),
+    ),
+    (
+        "close-writes",
+        close_writes,
+        "a detached and a live session leave events for the close; after one transient fault it loses nothing",
+        ("caller", "teardown"),
+        ("checkpoints", "io"),
     ),
     (
         "write-behind",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import functools
 import logging
@@ -740,10 +741,11 @@ class Persistence(ServiceMixin):
         finished = False
         try:
             for writer in [*self._writers.values(), *self._retiring]:
-                try:
-                    await writer.retire()
-                except Exception as exc:
-                    failures.append((writer.id, exc))
+                if await self._retire_at_close(writer, failures):
+                    # Its background retirement may have failed meanwhile and left a
+                    # retry behind: the events it owed are written now, and replaying
+                    # it would report a loss that did not happen.
+                    self._leftovers = [lo for lo in self._leftovers if lo.writer_token is not writer.token]
             self._writers.clear()
             self._retiring.clear()
             unrecoverable, self._unrecoverable = self._unrecoverable, []
@@ -763,6 +765,30 @@ class Persistence(ServiceMixin):
             error = self._report_close_failures(failures, finished=finished)
         if error is not None:
             raise error from error.errors[0]
+
+    async def _retire_at_close(self, writer: SessionWriter, failures: builtins.list[tuple[str, Exception]]) -> bool:
+        """Retire ``writer``, trying its final write once more if it fails: after a
+        transient fault (a full disk freed meanwhile, one failed I/O) a close should not
+        lose the unflushed tail of a live session. A writer that failed closed
+        (``wedged``) is not retried: its state on disk is unknown. A failure is in
+        ``failures`` before the retry starts, so a close cancelled during the retry
+        still reports it. Returns whether the writer retired cleanly."""
+        try:
+            await writer.retire()
+            return True
+        except Exception as exc:
+            failures.append((writer.id, exc))
+            if writer.wedged is not None or not writer.pending:
+                return False
+        at = len(failures) - 1
+        log.warning('%s: closing: session "%s": the final write failed; trying once more', self.backend.name, writer.id)
+        try:
+            await writer.retire()
+        except Exception as again:
+            failures[at] = (writer.id, again)
+            return False
+        del failures[at]
+        return True
 
     def _report_close_failures(
         self, failures: Sequence[tuple[str, Exception]], *, finished: bool

@@ -233,6 +233,9 @@ class Leftover:
     #: A digest of those ``durable`` events, when known: a log rewritten with the same
     #: count is then told apart from the one the writer left (set by the coordinator).
     durable_digest: Fingerprint | None = None
+    #: The writer that left it (its ``token``, not the writer: that would pin the
+    #: session): a later successful retirement of that writer makes it stale.
+    writer_token: object = attrs.field(default=None, eq=False, repr=False)
 
 
 class SessionWriter:
@@ -277,6 +280,7 @@ class SessionWriter:
         self.materialized = materialized
         self.lease = lease
         self.durable = cursor  # seqs below are on disk
+        self.token = object()  # names this writer in its Leftover (see Leftover.writer_token)
         self.queued = cursor  # next seq to buffer
         self.pending: list[dict[str, Any]] = []
         self._lock = trio.Lock()
@@ -525,7 +529,9 @@ class SessionWriter:
 
     def leftover(self) -> Leftover:
         """What is needed to retry a failed retirement (drop the writer after this)."""
-        return Leftover(self.id, self._header, list(self.pending), self.materialized, self.durable)
+        return Leftover(
+            self.id, self._header, list(self.pending), self.materialized, self.durable, writer_token=self.token
+        )
 
 
 def retry_leftover(backend: Backend, leftover: Leftover) -> None:
