@@ -15,9 +15,9 @@ import os
 import secrets
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, TypeVar
 
 import attrs
 import orjson
@@ -53,6 +53,8 @@ from harness.persistence._zstd import (
 )
 from harness.session import MAX_SESSION_ID_BYTES, decode_storage_record, gc_paused, pack_chunk_runs
 from harness.session._chunks import ROW_TAGS
+
+T = TypeVar("T")
 
 TRANSCRIPT: Final = "session.jsonl"
 TRANSCRIPT_ZSTD: Final = "session.jsonl.zstd"
@@ -296,7 +298,7 @@ class JsonlBackend:
         path = self.locate(session_id)
         if path is None:
             raise PersistedSessionNotFoundError(f'session "{session_id}" not found', session_id=session_id)
-        data, revision = _read_stable(path)
+        data, revision = _read_stable(path, Path.read_bytes)
         good = self._torn.get(session_id)
         if good is not None and len(data) > good:
             # A failed append whose rollback failed left bytes past ``good``: they
@@ -322,9 +324,9 @@ class JsonlBackend:
         if path is None:
             raise PersistedSessionNotFoundError(f'session "{session_id}" not found', session_id=session_id)
         if self._codec is not None:
-            data, revision = _read_stable(path)
+            data, revision = _read_stable(path, Path.read_bytes)
             return self._zstd_lines(session_id, path, data, self._codec, revision)
-        lines, size, revision = _read_lines_stable(path)
+        (lines, size), revision = _read_stable(path, _read_lines)
         if len(lines) < 2:
             return None  # no newline: load() names the corruption
         header = self._header(session_id, path, lines[0])
@@ -458,7 +460,7 @@ class JsonlBackend:
         path = self.locate(session_id)
         if path is None:
             return None
-        data, _ = _read_stable(path)
+        data, _ = _read_stable(path, Path.read_bytes)
         if self._codec is not None:
             frames, _ = scan_frames(data)
             if not frames:
@@ -1006,43 +1008,40 @@ def _revision(path: Path) -> str:
     return f"{st.st_dev}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}"
 
 
-def _read_stable(path: Path) -> tuple[bytes, str]:
-    """The file's bytes and the revision they belong to. The revision is the stat
-    taken *before* the read, kept only when the stat after it is the same: a
-    revision taken after decoding could pair old bytes with a newer file (another
-    process appending meanwhile), and the revision checks before a write would then
-    miss that append. A file still moving after ten tries is returned with the stat
-    from before its last read, which a later revision check sees as moved."""
+def _read_stable(path: Path, read: Callable[[Path], T]) -> tuple[T, str]:
+    """What ``read`` makes of the file (``Path.read_bytes``: its bytes) and the revision it
+    belongs to. The revision is the stat taken *before* the read, kept only when the
+    stat after it is the same: a revision taken after decoding could pair old bytes
+    with a newer file (another process appending meanwhile), and the revision checks
+    before a write would then miss that append. A file still moving after ten tries is
+    returned with the stat from before its last read, which a later revision check sees
+    as moved."""
     for _ in range(10):
         before = _revision(path)
-        data = path.read_bytes()
+        data = read(path)
         if _revision(path) == before:
             break
     return data, before
 
 
-def _read_lines_stable(path: Path, chunk_size: int = 1 << 20) -> tuple[list[bytes], int, str]:
-    """:func:`_read_stable` split at newlines (the last item is what follows the last
-    newline), read a chunk at a time: the whole file never sits in one buffer, which on
-    a 45 MB log spares ~20 ms of fresh pages and a copy. Also returns the byte count."""
-    for _ in range(10):
-        before = _revision(path)
-        lines: list[bytes] = []
-        size = 0
-        carry = b""
-        with open(path, "rb", buffering=0) as f:
-            read, extend = f.read, lines.extend
-            while chunk := read(chunk_size):
-                size += len(chunk)
-                parts = chunk.split(b"\n")
-                if carry:
-                    parts[0] = carry + parts[0]
-                carry = parts.pop()
-                extend(parts)
-        lines.append(carry)
-        if _revision(path) == before:
-            break
-    return lines, size, before
+def _read_lines(path: Path, chunk_size: int = 1 << 20) -> tuple[list[bytes], int]:
+    """The file split at newlines (the last item is what follows the last newline) and
+    its byte count, read a chunk at a time: the whole file never sits in one buffer,
+    which on a 45 MB log spares ~20 ms of fresh pages and a copy."""
+    lines: list[bytes] = []
+    size = 0
+    carry = b""
+    with open(path, "rb", buffering=0) as f:
+        read, extend = f.read, lines.extend
+        while chunk := read(chunk_size):
+            size += len(chunk)
+            parts = chunk.split(b"\n")
+            if carry:
+                parts[0] = carry + parts[0]
+            carry = parts.pop()
+            extend(parts)
+    lines.append(carry)
+    return lines, size
 
 
 def _same_file(a: Path, b: Path) -> bool:

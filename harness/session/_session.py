@@ -284,10 +284,7 @@ class Session:
         (:func:`~harness.session.promote_young`, decision 0003).
         """
         self = cls._blank(session_id, clock, validator)
-        if isinstance(header, SessionHeader):
-            self._header = validate_header_record(header.to_record(), session_id)
-        else:
-            self._header = validate_header_record(header, session_id)
+        self._header = _restored_header(header, session_id)
         with gc_paused(promote=True):
             self._restore_records(records)
             self._finish_construction(True)
@@ -314,11 +311,7 @@ class Session:
         adopted as trees. The collector is paused throughout.
         """
         self = cls._blank(session_id, clock, validator)
-        self._header = (
-            validate_header_record(header.to_record(), session_id)
-            if isinstance(header, SessionHeader)
-            else validate_header_record(header, session_id)
-        )
+        self._header = _restored_header(header, session_id)
         with gc_paused(promote=True):
             if validator is not None:
                 self._restore_records(decode_records(lines))
@@ -956,6 +949,11 @@ _NOTED: Final = frozenset(
 )
 _NO_TURN: Final[Any] = object()
 """Returned by :meth:`Session.open_turn_at` when no turn is open."""
+
+
+def _restored_header(header: dict[str, Any] | SessionHeader, session_id: str) -> SessionHeader:
+    """The header of a restore, validated (a record, or a header as its record)."""
+    return validate_header_record(header.to_record() if isinstance(header, SessionHeader) else header, session_id)
 
 
 _PLAIN_APPEND: Final = SurfacePlan(-1, APPEND, None)
