@@ -2,7 +2,8 @@
 """Developer entry point that needs nothing but Python 3.11+ and pip.
 
     python3 dev.py demo     # create .venv if needed, then run `harness demo`
-    python3 dev.py test     # create .venv if needed, then ruff, mypy --strict, pytest, mkdocs, harness chaos, harness fuzz
+    python3 dev.py test     # create .venv if needed, then ruff, mypy --strict, pytest (on every
+                            # core), mkdocs + the browser check, harness chaos, harness fuzz
     python3 dev.py bench    # `harness bench` with any extra arguments
 
 The virtual environment lives in `.venv/` next to this file and is rebuilt when
@@ -56,10 +57,16 @@ def main(argv: list[str]) -> None:
     else:
         _run([str(BIN / "ruff"), "check", "actors", "harness", "tests", "docs"])
         _run([str(PY), "-m", "mypy"])
-        _run([str(PY), "-m", "pytest", "-q", *rest])
+        # pytest-xdist: one worker per core; the PostgreSQL tests share one worker
+        # (tests/conftest.py groups them), so one throwaway cluster serves them all.
+        _run([str(PY), "-m", "pytest", "-q", "-n", "auto", "--dist", "loadgroup", *rest])
         # The docs site (mkdocs.yml): broken links and missing references fail the build.
         os.environ.setdefault("NO_MKDOCS_2_WARNING", "1")  # Material's end-of-life banner
         _run([str(BIN / "mkdocs"), "build", "--strict", "--quiet", "--site-dir", str(ROOT / "site")])
+        # Every page of the built site in headless Chromium at 1280 px: no code line, table
+        # or page wider than its column (skipped with a notice where Chromium is missing,
+        # an error under CI, whose .ci/run installs it).
+        _run([str(PY), str(ROOT / "docs" / "_ext" / "browser_check.py"), str(ROOT / "site")])
         # A bounded fault-exploration campaign over every built-in scenario on both
         # backends (docs/faults.md); it prints the steps explored per scenario and
         # canceller, and fails on any violation.

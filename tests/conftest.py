@@ -24,3 +24,19 @@ except Exception:  # pragma: no cover - metadata unavailable
     _registered = False
 # tests.pg_cluster: the throwaway PostgreSQL cluster fixtures (pg_cluster, pg_url, pg_schema).
 pytest_plugins = ([] if _registered else ["harness.testing"]) + ["tests.pg_cluster"]
+
+_PG_FIXTURES = frozenset({"pg_cluster", "pg_url", "pg_schema"})
+
+
+def pytest_collection_modifyitems(config: object, items: list[object]) -> None:
+    """Keep every PostgreSQL test on one xdist worker (``--dist loadgroup``).
+
+    Each worker would otherwise start its own throwaway cluster: two ``postgres``
+    servers on a 2-core machine, and two workers racing for the free port each picks.
+    """
+    import pytest
+
+    for item in items:
+        fixtures = getattr(item, "fixturenames", ())
+        if _PG_FIXTURES.intersection(fixtures):
+            item.add_marker(pytest.mark.xdist_group("postgres"))  # type: ignore[attr-defined]

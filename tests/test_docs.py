@@ -1,6 +1,6 @@
 """Every ```python block of docs/**/*.md and README.md runs, so the docs cannot rot.
 
-The convention (documented in docs/index.md, "Writing these docs"):
+The convention (documented in docs/contributing.md, "Writing these docs"):
 
 * a block runs as a module of its own (``__name__ == "__main__"``), in a fresh temporary
   working directory; if it defines ``async def main()`` taking no arguments and does not

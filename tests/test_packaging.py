@@ -1,0 +1,61 @@
+"""Packaging: the metadata people install from, and the ``testing`` extra's promise."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import tomllib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+
+
+def test_license_is_an_spdx_expression_with_its_file() -> None:
+    # The `license = {text = ...}` table is deprecated by setuptools (a warning on every
+    # install, an error from 2027-02): PEP 639's SPDX string and license-files instead.
+    project = PYPROJECT["project"]
+    assert project["license"] == "MIT"
+    assert project["license-files"] == ["LICENSE"]
+    assert (ROOT / "LICENSE").read_text(encoding="utf-8").startswith("MIT License")
+    assert not any(c.startswith("License ::") for c in project["classifiers"])
+
+
+def test_classifiers_name_the_framework_and_the_typing() -> None:
+    classifiers = set(PYPROJECT["project"]["classifiers"])
+    assert {"Framework :: Trio", "Framework :: Pytest", "Typing :: Typed"} <= classifiers
+    assert "Programming Language :: Python :: 3.11" in classifiers
+
+
+def test_testing_extra_carries_no_project_test_tools() -> None:
+    testing = PYPROJECT["project"]["optional-dependencies"]["testing"]
+    names = {dep.split(">")[0].split("[")[0].split(";")[0].strip() for dep in testing}
+    assert names == {"pytest", "pytest-trio"}
+
+
+def test_the_pytest_plugin_imports_without_the_project_test_tools() -> None:
+    # What `pip install trio-harness[testing]` leaves out must not be imported by the
+    # plugin: a meta-path hook makes each of them unimportable in a fresh interpreter.
+    absent = ["psycopg", "psycopg_pool", "atheris", "hypothesis", "zstandard", "xdist"]
+    program = textwrap.dedent(
+        f"""
+        import importlib.abc, sys
+        ABSENT = {absent!r}
+        class Absent(importlib.abc.MetaPathFinder):
+            def find_spec(self, name, path=None, target=None):
+                if name.split(".")[0] in ABSENT:
+                    raise ModuleNotFoundError(f"No module named {{name!r}}", name=name)
+                return None
+        sys.meta_path.insert(0, Absent())
+        import harness.testing
+        import harness.faults
+        assert not [m for m in sys.modules if m.split(".")[0] in ABSENT], sorted(sys.modules)
+        print("ok")
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", program], cwd=ROOT, capture_output=True, text=True, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "ok"
