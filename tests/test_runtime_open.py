@@ -9,7 +9,12 @@ import trio
 
 import harness
 from harness.agent import AgentHandle, Say, ScriptedProvider
-from harness.errors import PersistedSessionNotFoundError, PersistenceError, SessionIdError, SessionNotFoundError
+from harness.errors import (
+    PersistedSessionNotFoundError,
+    PersistenceError,
+    SessionIdError,
+    SessionNotFoundError,
+)
 from harness.faults import Probe, explore
 
 

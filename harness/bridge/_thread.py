@@ -290,7 +290,7 @@ class RuntimeThread:
     def _cancel(self, call: _Call[Any]) -> None:
         self._trio_soon(lambda: call.cancel_on_trio(closing=False))
 
-    def run(self, fn: Callable[[Unpack[Ts]], Awaitable[T]], *args: Unpack[Ts]) -> T:
+    def run(self, fn: Callable[[Unpack[Ts]], Awaitable[T]], *args: *Ts) -> T:
         """``await fn(*args)`` on the Trio thread; blocks the calling thread until it
         returns or raises. Refused from the Trio thread itself (:class:`RuntimeThreadError`)
         and once closing (:class:`RuntimeThreadClosedError`). An exception interrupting
@@ -305,7 +305,7 @@ class RuntimeThread:
             concurrent.futures.wait([call.future])
             raise
 
-    def run_sync(self, fn: Callable[[Unpack[Ts]], T], *args: Unpack[Ts]) -> T:
+    def run_sync(self, fn: Callable[[Unpack[Ts]], T], *args: *Ts) -> T:
         """``fn(*args)`` on the Trio thread (e.g. a consistent read of snapshots);
         blocks until it returns. Same refusals as :meth:`run`."""
 
@@ -314,7 +314,7 @@ class RuntimeThread:
 
         return self.run(call)
 
-    async def arun(self, fn: Callable[[Unpack[Ts]], Awaitable[T]], *args: Unpack[Ts]) -> T:
+    async def arun(self, fn: Callable[[Unpack[Ts]], Awaitable[T]], *args: *Ts) -> T:
         """``await fn(*args)`` on the Trio thread, awaited from an asyncio task without
         blocking its event loop. Cancelling the task cancels the Trio-side call and
         waits for it to finish before ``asyncio.CancelledError`` propagates (its result,
@@ -336,7 +336,7 @@ class RuntimeThread:
                     raise
             raise
 
-    async def arun_sync(self, fn: Callable[[Unpack[Ts]], T], *args: Unpack[Ts]) -> T:
+    async def arun_sync(self, fn: Callable[[Unpack[Ts]], T], *args: *Ts) -> T:
         """:meth:`run_sync` awaited from asyncio (see :meth:`arun`)."""
 
         async def call() -> T:
