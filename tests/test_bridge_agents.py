@@ -222,6 +222,7 @@ def test_a_cancelled_add_items_lands_whole_then_raises_cancelled(tmp_path: Path)
     run_asyncio(main)
 
 
+@pytest.mark.slow
 def test_agents_session_ops_under_cancellation_at_every_step() -> None:
     """A cancelled operation changed nothing or everything it meant to, and what the
     session answers is what a fresh runtime reads back from disk."""

@@ -198,3 +198,74 @@ def test_an_entry_error_of_open_runtime_is_raised_by_the_start() -> None:
                 pass
 
     run_asyncio(main)
+
+
+@pytest.mark.slow
+def test_the_call_path_under_cancellation_at_every_step_by_every_canceller() -> None:
+    """The Trio side of the bridge, explored: the portal serves in the explored run and
+    the caller is a task there (submitting as a foreign thread does, waiting on the
+    call's future). Cancellers: the caller's cancel (what an asyncio cancellation
+    delivers), the shutdown, and the agent's own cancel (the Trio side). Every call is
+    answered, only with what its canceller allows, and the log is balanced after."""
+    from harness.bridge._thread import _Call, _CallCancelled
+    from harness.faults import Probe, explore
+
+    async def scenario(probe: Probe) -> None:
+        portal = RuntimeThread(probe.tmp_path, provider=says(2))
+        portal._state = "starting"
+        outcomes: list[object] = []
+        async with trio.open_nursery() as nursery:
+            await nursery.start(portal._serve)
+
+            def cancel_calls() -> None:
+                for call in list(portal._calls):
+                    call.cancel_on_trio(closing=False)
+
+            def cancel_agents() -> None:
+                for handle in portal.runtime.agents():
+                    handle.agent.cancel()
+
+            probe.canceller("caller", cancel_calls)
+            probe.canceller("shutdown", portal._close)
+            probe.canceller("agent", cancel_agents)
+
+            async def work() -> TurnResult:
+                agent = await portal.runtime.open("s")
+                return await agent.run_turn("hi")
+
+            async def call_and_wait() -> None:
+                try:
+                    call: _Call[TurnResult] = portal._submit(work)
+                except RuntimeThreadClosedError as exc:
+                    outcomes.append(exc)
+                    return
+                answered = trio.Event()
+                call.future.add_done_callback(lambda _: answered.set())  # set on the Trio thread
+                await answered.wait()
+                error = call.future.exception()
+                outcomes.append(call.future.result() if error is None else error)
+
+            probe.arm()
+            await call_and_wait()
+            await call_and_wait()
+            probe.disarm()
+            portal._close()
+        fired = probe.canceller_name if probe.fired else None
+        for outcome in outcomes:
+            if isinstance(outcome, TurnResult):
+                probe.check(outcome.kind == "completed" or fired == "agent", f"{outcome.kind} with {fired}")
+            elif isinstance(outcome, _CallCancelled):
+                probe.check(fired == "caller", f"cancelled with {fired}")
+            elif isinstance(outcome, RuntimeThreadClosedError):
+                probe.check(fired == "shutdown", f"closed with {fired}")
+            else:
+                probe.fail(f"unexpected outcome {outcome!r}")
+        probe.check(len(outcomes) == 2, f"outcomes {outcomes}")
+        async with harness.open_runtime(probe.tmp_path, provider=says(1)) as rt:
+            stored = await rt.open("s")
+            types = [e.type for e in stored.snapshot().events]
+            probe.check(types.count("turn/start") == types.count("turn/end"), f"unbalanced: {types}")
+
+    report = explore(scenario, name="bridge-call", seeds=2, stride=2)
+    assert report.ok, [(v.key, v.message, n) for v, n in report.distinct()]
+    assert min(report.steps.values()) >= 20, report.steps

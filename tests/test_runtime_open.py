@@ -89,6 +89,7 @@ async def test_open_refuses_a_bad_id_before_anything() -> None:
         assert rt._gate.busy() == ()
 
 
+@pytest.mark.slow
 def test_concurrent_opens_under_cancellation_at_every_step() -> None:
     """Two opens of one stored id race; either may be cancelled at any step. Whatever
     returned is the one live agent; a cancelled open published nothing; afterwards the

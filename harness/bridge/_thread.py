@@ -187,7 +187,7 @@ class RuntimeThread:
 
     def _thread_main(self) -> None:
         try:
-            trio.run(self._trio_main)
+            trio.run(self._serve)
         except BaseException as exc:
             if not self._started.done():
                 self._started.set_exception(exc)
@@ -203,7 +203,9 @@ class RuntimeThread:
         with self._lock:
             self._state = "closed"
 
-    async def _trio_main(self) -> None:
+    async def _serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """The Trio side: open the runtime, serve calls until the shutdown, close it.
+        Run by the thread; a fault exploration runs it as a task of its own run."""
         self._stop = trio.Event()
         async with open_runtime(*self._args, **self._kwargs) as rt, trio.open_nursery() as nursery:
             self._runtime, self._nursery = rt, nursery
@@ -215,6 +217,7 @@ class RuntimeThread:
             if closing:
                 return
             self._started.set_result(None)
+            task_status.started()
             await self._stop.wait()
             # The nursery then waits for the calls, each cancelled by _begin_stop.
 
