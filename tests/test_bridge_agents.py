@@ -261,3 +261,17 @@ def test_the_portal_session_is_usable_without_the_sdk_types(tmp_path: Path) -> N
         portal.run(session._trio.add_items, [item("x")])
         assert portal.run(session._trio.get_items) == [item("x")]
         assert isinstance(portal, RuntimeThread)
+
+
+async def test_an_event_draft_marked_ignorable_is_logged_so_and_a_bad_flag_refused() -> None:
+    from harness.errors import EventError
+    from harness.runtime import open_store
+    from harness.session import EventDraft
+
+    async with open_store() as store:
+        s = await store.create("x")
+        (event,) = await s.append_batch([EventDraft("my-extension/record", {"n": 1}, ignorable=True)])
+        assert event.ignorable and s.events[0].ignorable
+        with pytest.raises(EventError, match="ignorable must be a bool, got 1"):
+            await s.append_batch([EventDraft("my-extension/record", {"n": 2}, ignorable=1)])  # type: ignore[arg-type]
+        assert len(s.events) == 1
