@@ -181,6 +181,9 @@ def test_refusals_before_start_from_the_trio_thread_and_twice_started() -> None:
             portal.run_sync(lambda: portal.run_sync(lambda: None))
         with pytest.raises(RuntimeThreadError, match="starts once"):
             portal.start()
+        with pytest.raises(RuntimeThreadError, match="close from its own Trio thread"):
+            portal.run_sync(portal.close)
+        assert portal.state == "running"
     portal.close()  # idempotent
     never = RuntimeThread()
     never.close()

@@ -156,7 +156,10 @@ class RuntimeThread:
         return self._finished
 
     def close(self) -> None:
-        """Shut down (see the class) and wait for the thread; idempotent."""
+        """Shut down (see the class) and wait for the thread; idempotent. From the Trio
+        thread itself it would wait for itself: :class:`RuntimeThreadError`."""
+        if threading.current_thread() is self._thread:
+            raise RuntimeThreadError("RuntimeThread.close from its own Trio thread would wait for itself")
         self._close().result()
         if self._thread is not None:
             self._thread.join()
