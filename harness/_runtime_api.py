@@ -23,6 +23,7 @@ import attrs
 import trio
 
 from actors import Owner, open_guard
+from harness._open import OpenGate, get_or_create, live_agent
 from harness.agent._compaction import AgentCompaction
 from harness.agent._loop import AgentHandle, AgentLoop, Setup, open_agent_loop
 from harness.agent._tools import ToolSet
@@ -63,6 +64,7 @@ class Runtime:
     persistence: Persistence | None
     loop: AgentLoop
     owner: Owner
+    _gate: OpenGate = attrs.field(factory=OpenGate, init=False, repr=False, eq=False)
 
     async def create(
         self,
@@ -121,6 +123,59 @@ class Runtime:
             system=system,
             max_tokens=max_tokens,
         )
+
+    async def open(
+        self,
+        session_id: str,
+        *,
+        owner: Owner | None = None,
+        setup: Setup | None = None,
+        provider: ModelProvider | None = None,
+        tools: ToolSet | None = None,
+        system: str | None = None,
+        max_tokens: int | None = None,
+        **meta: Any,
+    ) -> AgentHandle:
+        """Get or create the agent ``session_id``: the live agent if there is one, else
+        :meth:`resume` of the stored session, else :meth:`create` of a new one (``meta``
+        is its metadata; in memory there is nothing to resume). ``owner``, ``setup``
+        and the per-agent overrides apply only when this call resumes or creates it:
+        a live agent is returned as it is.
+
+        Concurrent opens of one id are serialised (one lock per id): exactly one
+        resumes or creates, the others get the same handle. An agent being disposed
+        is waited for, then resumed. :meth:`create`/:meth:`resume` called directly,
+        concurrently with an open of the same id, are not serialised with it and may
+        fail as they would against each other (``SESSION_LIVE``,
+        ``SESSION_ALREADY_EXISTS``).
+
+        Cancellation: as :meth:`create` and :meth:`resume` (``Cancelled`` means this
+        call published nothing); a cancelled open waiting for the id's lock leaves it
+        to the next waiter, which opens the id itself."""
+        owner = self.owner if owner is None else owner
+
+        async def live() -> AgentHandle | None:
+            return await live_agent(self.loop.get(session_id))
+
+        async def resume() -> AgentHandle:
+            return await self.loop.resume(
+                session_id, owner=owner, setup=setup, provider=provider, tools=tools, system=system, max_tokens=max_tokens
+            )
+
+        async def create() -> AgentHandle:
+            return await self.loop.create(
+                session_id,
+                owner=owner,
+                setup=setup,
+                provider=provider,
+                tools=tools,
+                system=system,
+                max_tokens=max_tokens,
+                **meta,
+            )
+
+        async with self._gate.hold(session_id):
+            return await get_or_create(live, None if self.persistence is None else resume, create)
 
     async def fork(
         self,

@@ -99,6 +99,10 @@ class StoreError(HarnessError):
 
 
 class SessionNotFoundError(StoreError):
+    """No session of that id: not live in the store, or (the subclass
+    :class:`PersistedSessionNotFoundError`) not stored either. The one family for
+    ``SESSION_NOT_FOUND``: ``except SessionNotFoundError`` catches every kind."""
+
     code = "SESSION_NOT_FOUND"
 
 
@@ -190,7 +194,11 @@ class PersistenceError(HarnessError):
     code = "PERSISTENCE_ERROR"
 
 
-class PersistedSessionNotFoundError(PersistenceError):
+class PersistedSessionNotFoundError(PersistenceError, SessionNotFoundError):
+    """Nothing is stored under that id (a load, a resume, a fork of a stored
+    session). Both a :class:`PersistenceError` (where it is raised) and a
+    :class:`SessionNotFoundError` (what it means), like :class:`ForkSourceNotFoundError`."""
+
     code = "SESSION_NOT_FOUND"
 
 
@@ -370,6 +378,23 @@ class PersistenceCloseError(PersistenceError):
         super().__init__(message)
         self.failures = failures
         self.errors = errors
+
+
+# --- the thread bridge (harness.bridge) ------------------------------------------------
+
+
+class RuntimeThreadError(HarnessError):
+    """A :class:`~harness.bridge.RuntimeThread` call was refused: made from the
+    runtime's own Trio thread (it would wait for itself), or before the thread started."""
+
+    code = "RUNTIME_THREAD"
+
+
+class RuntimeThreadClosedError(RuntimeThreadError):
+    """The runtime thread is closing or closed: a new call is refused, and a call still
+    running when the shutdown began was cancelled on the Trio side and ends with this."""
+
+    code = "RUNTIME_THREAD_CLOSED"
 
 
 # --- compaction ------------------------------------------------------------------------
@@ -589,6 +614,8 @@ __all__ = [
     "RawArtifactsUnsupportedError",
     "RecordEncodingError",
     "ReentrantAppendError",
+    "RuntimeThreadClosedError",
+    "RuntimeThreadError",
     "SessionAlreadyAnnouncedError",
     "SessionAlreadyExistsError",
     "SessionArgumentError",

@@ -97,3 +97,21 @@ async def test_explore_my_function() -> None:
     assert int(good[1]) > 0 and int(good[2]) > 0
     assert re.fullmatch(r"naive_transfer: \d+ attempts, .* -> [1-9]\d* distinct violation\(s\)", lines[1]), out
     assert any("money not conserved" in line for line in lines[2:]), out
+
+
+async def test_agents_sdk_session_written_by_asyncio_resumed_by_trio(tmp_path: Path) -> None:
+    """Issue 25 §3's done criterion, as a user runs it: two processes, one store."""
+    pytest.importorskip("agents")
+    out, _ = await _run("agents_sdk_session.py", str(tmp_path), "asyncio")
+    assert out.splitlines() == [
+        "asyncio: Hello -> You have said 1 thing(s).",
+        "asyncio: Still there? -> You have said 2 thing(s).",
+    ]
+    out, _ = await _run("agents_sdk_session.py", str(tmp_path), "trio")
+    assert out.splitlines() == [
+        "trio: user: Hello",
+        "trio: assistant: You have said 1 thing(s).",
+        "trio: user: Still there?",
+        "trio: assistant: You have said 2 thing(s).",
+        "trio: 4 items resumed",
+    ]

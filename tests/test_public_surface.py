@@ -20,6 +20,7 @@ SECTION = re.compile(r"^## `(?P<package>[\w.]+)`\n(?:(?!^## ).*\n)*?^```text\n(?
 NOT_OWN = frozenset({"annotations", "TYPE_CHECKING"})
 PUBLIC_PACKAGES = (
     "harness",
+    "harness.bridge",
     "harness.session",
     "harness.runtime",
     "harness.persistence",

@@ -14,7 +14,7 @@ import attrs
 import trio
 
 from actors import Lifetime, LifetimeClosedError, Owner, bind_all, run_abandonable, run_bounded
-from harness.agent._agent import Agent, check_max_tokens
+from harness.agent._agent import Agent, TurnResult, check_max_tokens
 from harness.agent._commands import Commands, install_compact_command
 from harness.agent._compaction import AgentCompaction
 from harness.agent._hooks import Status
@@ -116,7 +116,7 @@ class AgentHandle:
         """The agent's session snapshot (:meth:`SessionHandle.snapshot`)."""
         return self.session.snapshot()
 
-    async def run_turn(self, text: str) -> Any:
+    async def run_turn(self, text: str) -> TurnResult:
         """``agent.run_turn`` (see :meth:`Agent.run_turn` for the cancellation contract)."""
         return await self.agent.run_turn(text)
 

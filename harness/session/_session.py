@@ -83,12 +83,16 @@ class EventDraft:
 
     ``surface_op`` is ``"append"``, a :class:`ReplaceOp`, a raw
     ``{"op": "replace", "start", "end"}`` dict, or ``None`` (absent).
+    ``ignorable=True`` logs the envelope's ``ignorable: true``: a reader that does not
+    know the type skips the event instead of refusing the log (how an extension, e.g.
+    :mod:`harness.bridge`'s SDK items, stores a type of its own).
     """
 
     type: str
     data: object
     surface_op: object = None
     source_event_seqs: object = None
+    ignorable: bool = False
 
 
 class AppendValidator(Protocol):
@@ -809,6 +813,10 @@ class Session:
         for k, d in enumerate(drafts):
             seq = base + k
             event, sp = plan_one(d.type, d.data, d.surface_op, d.source_event_seqs, seq, now, state, event_at)
+            if d.ignorable is not False:
+                if d.ignorable is not True:
+                    raise EventError(f"ignorable must be a bool, got {d.ignorable!r}", session_id=self._sid)
+                event = attrs.evolve(event, ignorable=True)
             if validator is not None:
                 vstate = validator.check(vstate, event)
             if needs_clone:
