@@ -14,6 +14,7 @@ import trio
 
 from harness.errors import FlushError, LeaseLostError, SessionLockedError, SqliteSchemaError
 from harness.persistence import SqliteBackend, open_persistence
+from harness.persistence._liveness import pid_scope
 from harness.persistence._sqlite import lease_path, migrate_legacy_sqlite, process_start_time
 from harness.runtime import open_store
 from tests.helpers import rec, user
@@ -37,13 +38,14 @@ def fake_lease(path: Path, **row: Any) -> None:
         "start_time": process_start_time(os.getpid()),
         "since": 0,
         "expires": int(time.time() * 1000) + 3_600_000,
+        "pid_scope": pid_scope(),
         **row,
     }
     db = sqlite3.connect(lease_path(path))
     with db:
         db.execute(
-            "INSERT OR REPLACE INTO leases (session_id, fence, token, host, pid, start_time, since, expires) "
-            "VALUES (:session_id, :fence, :token, :host, :pid, :start_time, :since, :expires)",
+            "INSERT OR REPLACE INTO leases (session_id, fence, token, host, pid, start_time, since, expires, pid_scope) "
+            "VALUES (:session_id, :fence, :token, :host, :pid, :start_time, :since, :expires, :pid_scope)",
             values,
         )
     db.close()
