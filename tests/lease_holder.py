@@ -1,8 +1,11 @@
 """A lease holder process for tests/test_lease_liveness.py (run directly, or inside
 ``unshare --pid --fork --mount-proc``: a pid namespace of its own, same host name).
 
-    python -m tests.lease_holder sqlite DB_PATH TTL SESSION
-    python -m tests.lease_holder postgres URL SCHEMA TTL SESSION
+    python -m tests.lease_holder sqlite DB_PATH TTL SESSION [fork]
+    python -m tests.lease_holder postgres URL SCHEMA TTL SESSION [fork]
+
+``fork``: first take and release the lease once (so this process knows its own
+identity), then fork; the child is the holder, the parent waits for it.
 
 Takes SESSION's writer lease (the session exists already) with the machine's host
 name, prints ``HELD <fence> <pid>``, then writes one event per line read from stdin
@@ -27,19 +30,31 @@ def say(line: str) -> None:
 
 
 def main(argv: list[str]) -> None:
-    kind, *rest = argv
-    backend: Any
-    if kind == "sqlite":
-        from harness.persistence import SqliteBackend
+    fork = argv[-1] == "fork"
+    kind, *rest = argv[:-1] if fork else argv
 
-        path, ttl, sid = rest
-        backend = SqliteBackend(path, lease_ttl=float(ttl))
-    else:
+    def open_backend() -> Any:
+        if kind == "sqlite":
+            from harness.persistence import SqliteBackend
+
+            path, ttl, _sid = rest
+            return SqliteBackend(path, lease_ttl=float(ttl))
         from harness.persistence import PostgresBackend
 
-        url, schema, ttl, sid = rest
-        backend = PostgresBackend(url, schema=schema, lease_ttl=float(ttl), pool_size=2)
+        url, schema, ttl, _sid = rest
+        return PostgresBackend(url, schema=schema, lease_ttl=float(ttl), pool_size=2)
+
+    sid = rest[-1]
+    backend = open_backend()
     header = backend.load(sid).header
+    if fork:
+        backend.acquire_writer(header).release()
+        backend.close()
+        child = os.fork()
+        if child:
+            _, status = os.waitpid(child, 0)
+            os._exit(os.waitstatus_to_exitcode(status))
+        backend = open_backend()
     lease = backend.acquire_writer(header)
     say(f"HELD {lease.fence} {os.getpid()}")
     for _line in sys.stdin:

@@ -250,3 +250,54 @@ def test_close_stops_the_lease_keeper_before_closing(tmp_path: Path) -> None:
     time.sleep(0.4)
     assert backend._db is None  # nothing reopened the connection after close
     assert backend._keeper is None or not backend._keeper.is_alive()
+
+
+V1_LEASES = """
+CREATE TABLE leases (
+  session_id TEXT PRIMARY KEY, fence INTEGER NOT NULL, token TEXT, host TEXT, pid INTEGER,
+  start_time INTEGER, since INTEGER, expires INTEGER
+) STRICT;
+CREATE TABLE lease_store (singleton INTEGER PRIMARY KEY CHECK (singleton = 1), store_id TEXT NOT NULL) STRICT;
+PRAGMA application_id = 1414024780;
+PRAGMA user_version = 1;
+"""
+
+
+def test_a_version_1_lease_file_is_upgraded_and_its_holders_are_remote(db: Path) -> None:
+    """A lease file from before the pid scope (issue 24): opened, it gains the column;
+    its rows name no scope, so even a holder of this host whose pid is gone is waited
+    out (the old rule took it over at once: its pid may be another namespace's)."""
+    side = lease_path(db)
+    store_id = sqlite3.connect(db).execute("SELECT store_id FROM persistence_state").fetchone()[0]
+    side.unlink()
+    raw = sqlite3.connect(side, isolation_level=None)
+    raw.executescript(V1_LEASES)
+    raw.execute("INSERT INTO lease_store VALUES (1, ?)", (store_id,))
+    raw.execute(
+        "INSERT INTO leases VALUES ('s', 7, 'old', ?, ?, NULL, 0, ?)",
+        (socket.gethostname(), 2**22 + 12345, int(time.time() * 1000) + 3_600_000),
+    )
+    raw.close()
+    side.chmod(0o600)
+    backend = SqliteBackend(db)
+    assert backend.lock_held(H)  # read before any upgrade: no scope column yet
+    with pytest.raises(SessionLockedError) as info:
+        backend.acquire_writer(H)
+    assert info.value.holder["pidScope"] is None  # type: ignore[index]
+    check = sqlite3.connect(side)
+    assert check.execute("PRAGMA user_version").fetchone()[0] == 2
+    assert [r[1] for r in check.execute("PRAGMA table_info(leases)")][-1] == "pid_scope"
+    check.close()
+    fake_lease(db, expires=int(time.time() * 1000) - 1, pid_scope=None)  # expired at last
+    lease = backend.acquire_writer(H)
+    assert lease_row(db)[0] == 8
+    lease.release()
+    backend.close()
+
+
+def test_a_newer_lease_file_is_refused(db: Path) -> None:
+    raw = sqlite3.connect(lease_path(db))
+    raw.execute("PRAGMA user_version = 3")
+    raw.close()
+    with pytest.raises(SqliteSchemaError, match="schema version 3, expected 1414024780 and 2"):
+        SqliteBackend(db).acquire_writer(H)

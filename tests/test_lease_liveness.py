@@ -26,7 +26,7 @@ import pytest
 
 from harness.errors import SessionLockedError
 from harness.persistence import SqliteBackend
-from harness.persistence._liveness import pid_scope
+from harness.persistence._liveness import pid_scope, process_start_time, read_pid_scope
 from harness.persistence._sqlite import lease_path
 from tests.helpers import rec, user
 
@@ -131,10 +131,12 @@ class Holder:
     """A tests/lease_holder.py process (its own session and process group, so the
     ``unshare`` wrapper and the holder inside stop and wake together)."""
 
-    def __init__(self, store: Store, ttl: float, *, namespace: bool) -> None:
+    def __init__(self, store: Store, ttl: float, *, namespace: bool, fork: bool = False, proc: bool = True) -> None:
         cmd = [sys.executable, "-m", "tests.lease_holder", store.kind, *store.target, str(ttl), "s"]
+        if fork:
+            cmd.append("fork")
         if namespace:
-            cmd = ["unshare", "--pid", "--fork", "--mount-proc", *cmd]
+            cmd = ["unshare", "--pid", "--fork", *(["--mount-proc"] if proc else []), *cmd]
         self.proc = subprocess.Popen(
             cmd,
             cwd=ROOT,
@@ -293,3 +295,54 @@ def _sqlite_unlocked(path: Path) -> bool:
         finally:
             db.close()
     return True
+
+
+def test_a_forked_holder_is_judged_by_its_own_start_time(store: Store, holders: list[Holder]) -> None:
+    """A child forked after its parent took a lease recorded the parent's start time
+    with its own pid: alive, it was judged "a reused pid", dead, and taken over."""
+    holder = Holder(store, 3600.0, namespace=False, fork=True)
+    holders.append(holder)
+    held = holder.line().split()
+    assert held[:2] == ["HELD", "2"]
+    outer = store.make(lease_ttl=3600.0)
+    with pytest.raises(SessionLockedError) as info:
+        outer.acquire_writer(H)
+    pid = int(held[2])
+    assert info.value.holder["pid"] == pid  # type: ignore[index]
+    assert info.value.holder["startTime"] == process_start_time(pid)  # type: ignore[index]
+    assert holder.finish().splitlines()[-1] == "DONE"
+    outer.acquire_writer(H).release()
+
+
+def test_a_holder_whose_proc_is_another_namespaces_is_remote(
+    unshare: None, store: Store, holders: list[Holder]
+) -> None:
+    """In a pid namespace of its own but with the host's ``/proc`` (no
+    ``--mount-proc``), a holder's own pid names another process in ``/proc``: it
+    cannot establish its scope, records none, and is respected as remote."""
+    holder = Holder(store, 3600.0, namespace=True, proc=False)
+    holders.append(holder)
+    assert holder.line().startswith("HELD 1 ")
+    outer = store.make(lease_ttl=3600.0)
+    with pytest.raises(SessionLockedError) as info:
+        outer.acquire_writer(H)
+    assert info.value.holder["pidScope"] is None  # type: ignore[index]
+    holder.kill()
+    assert outer.lock_held(H)  # dead, but not provably: waited out
+
+
+def test_the_pid_scope_names_boot_and_namespaces(unshare: None) -> None:
+    mine = read_pid_scope()
+    assert mine is not None and mine == pid_scope()
+    with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
+        assert mine.startswith(f"boot:{f.read().strip()}/pid:")
+    code = "from harness.persistence._liveness import read_pid_scope; print(read_pid_scope())"
+
+    def scope_of(*wrap: str) -> str:
+        out = subprocess.run([*wrap, sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+        return out.stdout.strip()
+
+    assert scope_of() == mine  # another process of this namespace: the same scope
+    other = scope_of("unshare", "--pid", "--fork", "--mount-proc")
+    assert other != mine and other.split("/pid:")[0] == mine.split("/pid:")[0]  # same boot, another namespace
+    assert scope_of("unshare", "--pid", "--fork") == "None"  # /proc of the parent namespace: unknown

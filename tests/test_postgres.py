@@ -443,3 +443,29 @@ def test_bench_runs_w5_and_w7_on_postgres_beside_jsonl_and_sqlite(
         assert figures[key]["median_ms"] > 0 and figures[key]["n"] == 300, key
     leftover = sql(pg_url, "SELECT nspname FROM pg_namespace WHERE nspname LIKE %s", ("bench_%",))
     assert leftover == []  # the bench drops the schemas it made
+
+
+def test_a_version_1_schema_is_upgraded_and_its_holders_are_remote(make: Any, pg_url: str, pg_schema: str) -> None:
+    """A schema from before the pid scope (issue 24): opened, it gains the column and
+    version 2; its lease rows name no scope, so even a holder of this host whose pid is
+    gone is waited out (the old rule took it over at once)."""
+    make().materialize(H, events(0, 1))
+    sql(pg_url, f"ALTER TABLE {pg_schema}.leases DROP COLUMN pid_scope")
+    sql(pg_url, f"UPDATE {pg_schema}.meta SET schema_version = 1")
+    sql(
+        pg_url,
+        f"INSERT INTO {pg_schema}.leases (session_id, fence, token, host, pid, start_time, since, expires) "
+        "VALUES ('s', 7, 'old', %s, %s, NULL, clock_timestamp(), clock_timestamp() + interval '1 hour')",
+        (socket.gethostname(), 2**22 + 12345),
+    )
+    b = make()
+    with pytest.raises(SessionLockedError) as info:
+        b.acquire_writer(H)
+    assert info.value.holder["pidScope"] is None  # type: ignore[index]
+    assert sql(pg_url, f"SELECT schema_version FROM {pg_schema}.meta") == [(SCHEMA_VERSION,)] == [(2,)]
+    assert sql(pg_url, f"SELECT pid_scope FROM {pg_schema}.leases") == [(None,)]
+    sql(pg_url, f"UPDATE {pg_schema}.leases SET expires = clock_timestamp() - interval '1 second'")
+    lease = b.acquire_writer(H)  # expired: taken over
+    assert lease_row(pg_url, pg_schema)[0] == 8
+    lease.release()
+    assert [r["seq"] for r in make().load("s").records] == [0]
