@@ -3,6 +3,7 @@
 
     python -m tests.lease_holder sqlite DB_PATH TTL SESSION [fork]
     python -m tests.lease_holder postgres URL SCHEMA TTL SESSION [fork]
+    python -m tests.lease_holder jsonl ROOT TTL SESSION [fork]      (TTL unused: flock)
 
 ``fork``: first take and release the lease once (so this process knows its own
 identity), then fork; the child is the holder, the parent waits for it.
@@ -34,6 +35,10 @@ def main(argv: list[str]) -> None:
     kind, *rest = argv[:-1] if fork else argv
 
     def open_backend() -> Any:
+        if kind == "jsonl":
+            from harness.persistence import JsonlBackend
+
+            return JsonlBackend(rest[0])
         if kind == "sqlite":
             from harness.persistence import SqliteBackend
 
@@ -56,7 +61,7 @@ def main(argv: list[str]) -> None:
             os._exit(os.waitstatus_to_exitcode(status))
         backend = open_backend()
     lease = backend.acquire_writer(header)
-    say(f"HELD {lease.fence} {os.getpid()}")
+    say(f"HELD {getattr(lease, 'fence', 1)} {os.getpid()}")
     for _line in sys.stdin:
         seq = len(backend.load(sid).records)
         event = {"type": "test/mark", "seq": seq, "time": seq, "data": {"w": "holder", "f": lease.fence}}

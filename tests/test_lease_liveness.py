@@ -346,3 +346,23 @@ def test_the_pid_scope_names_boot_and_namespaces(unshare: None) -> None:
     other = scope_of("unshare", "--pid", "--fork", "--mount-proc")
     assert other != mine and other.split("/pid:")[0] == mine.split("/pid:")[0]  # same boot, another namespace
     assert scope_of("unshare", "--pid", "--fork") == "None"  # /proc of the parent namespace: unknown
+
+
+def test_a_jsonl_holder_in_another_pid_namespace_keeps_its_flock(unshare: None, tmp_path: Path, holders: list[Holder]) -> None:
+    """The JSONL backend infers no liveness: its ``flock`` belongs to the kernel, which
+    sees one lock across pid namespaces and drops it only with its holder."""
+    from harness.persistence import JsonlBackend
+
+    root = tmp_path / "root"
+    JsonlBackend(root).materialize(H, [rec("user/message", 0, user("m0"), surfaceOp="append")])
+    store = Store("jsonl", [str(root)], lambda **kw: JsonlBackend(root), lambda: None, lambda: None)
+    holder = Holder(store, 0.0, namespace=True)
+    holders.append(holder)
+    assert holder.line().startswith("HELD ")
+    outer = JsonlBackend(root)
+    with pytest.raises(SessionLockedError, match="process 1 on"):
+        outer.acquire_writer(H)
+    assert outer.lock_held(H)
+    holder.kill()  # the kernel drops the lock with its holder: no expiry to wait for
+    assert not outer.lock_held(H)
+    outer.acquire_writer(H).release()
