@@ -199,8 +199,8 @@ class LeaseTable:
                 )
         except StorageIOError as exc:
             # Best effort, as JSONL's flock release: the row keeps a token nobody
-            # vouches for any more, so a writer on this host takes it over at once
-            # (its holder is provably dead) and one elsewhere at its expiry. Raising
+            # vouches for any more, so a writer of this host and pid scope takes it
+            # over at once (its holder is provably dead) and any other at its expiry. Raising
             # would make a clean retirement (every event durable) look like a failure.
             log.warning("postgres: %s (the lease is taken over at its expiry)", exc)
 
