@@ -12,8 +12,16 @@ from typing import Any
 import pytest
 import trio
 
-from harness.errors import FlushError, LeaseLostError, SessionLockedError, SqliteSchemaError
+from harness.errors import (
+    FlushError,
+    LeaseLostError,
+    SessionLockedError,
+    SqliteSchemaError,
+    StorageIOError,
+)
+from harness.faults import SqliteFaults
 from harness.persistence import SqliteBackend, open_persistence
+from harness.persistence._liveness import pid_scope
 from harness.persistence._sqlite import lease_path, migrate_legacy_sqlite, process_start_time
 from harness.runtime import open_store
 from tests.helpers import rec, user
@@ -37,13 +45,14 @@ def fake_lease(path: Path, **row: Any) -> None:
         "start_time": process_start_time(os.getpid()),
         "since": 0,
         "expires": int(time.time() * 1000) + 3_600_000,
+        "pid_scope": pid_scope(),
         **row,
     }
     db = sqlite3.connect(lease_path(path))
     with db:
         db.execute(
-            "INSERT OR REPLACE INTO leases (session_id, fence, token, host, pid, start_time, since, expires) "
-            "VALUES (:session_id, :fence, :token, :host, :pid, :start_time, :since, :expires)",
+            "INSERT OR REPLACE INTO leases (session_id, fence, token, host, pid, start_time, since, expires, pid_scope) "
+            "VALUES (:session_id, :fence, :token, :host, :pid, :start_time, :since, :expires, :pid_scope)",
             values,
         )
     db.close()
@@ -248,3 +257,87 @@ def test_close_stops_the_lease_keeper_before_closing(tmp_path: Path) -> None:
     time.sleep(0.4)
     assert backend._db is None  # nothing reopened the connection after close
     assert backend._keeper is None or not backend._keeper.is_alive()
+
+
+V1_LEASES = """
+CREATE TABLE leases (
+  session_id TEXT PRIMARY KEY, fence INTEGER NOT NULL, token TEXT, host TEXT, pid INTEGER,
+  start_time INTEGER, since INTEGER, expires INTEGER
+) STRICT;
+CREATE TABLE lease_store (singleton INTEGER PRIMARY KEY CHECK (singleton = 1), store_id TEXT NOT NULL) STRICT;
+PRAGMA application_id = 1414024780;
+PRAGMA user_version = 1;
+"""
+
+
+def v1_lease_file(db: Path) -> Path:
+    """Replace the lease file of ``db`` by a version-1 one whose row names a holder of
+    this host with a pid that is gone, unexpired for an hour."""
+    side = lease_path(db)
+    conn = sqlite3.connect(db)
+    store_id = conn.execute("SELECT store_id FROM persistence_state").fetchone()[0]
+    conn.close()
+    side.unlink()
+    raw = sqlite3.connect(side, isolation_level=None)
+    raw.executescript(V1_LEASES)
+    raw.execute("INSERT INTO lease_store VALUES (1, ?)", (store_id,))
+    raw.execute(
+        "INSERT INTO leases VALUES ('s', 7, 'old', ?, ?, NULL, 0, ?)",
+        (socket.gethostname(), 2**22 + 12345, int(time.time() * 1000) + 3_600_000),
+    )
+    raw.close()
+    side.chmod(0o600)
+    return side
+
+
+def test_a_version_1_lease_file_is_upgraded_and_its_holders_are_remote(db: Path) -> None:
+    """A lease file from before the pid scope (issue 24): opened, it gains the column;
+    its rows name no scope, so even a holder of this host whose pid is gone is waited
+    out (the old rule took it over at once: its pid may be another namespace's)."""
+    side = v1_lease_file(db)
+    backend = SqliteBackend(db)
+    assert backend.lock_held(H)  # read before any upgrade: no scope column yet
+    with pytest.raises(SessionLockedError) as info:
+        backend.acquire_writer(H)
+    assert info.value.holder["pidScope"] is None  # type: ignore[index]
+    check = sqlite3.connect(side)
+    assert check.execute("PRAGMA user_version").fetchone()[0] == 2
+    assert [r[1] for r in check.execute("PRAGMA table_info(leases)")][-1] == "pid_scope"
+    check.close()
+    fake_lease(db, expires=int(time.time() * 1000) - 1, pid_scope=None)  # expired at last
+    lease = backend.acquire_writer(H)
+    assert lease_row(db)[0] == 8
+    lease.release()
+    backend.close()
+
+
+def test_a_newer_lease_file_is_refused(db: Path) -> None:
+    raw = sqlite3.connect(lease_path(db))
+    raw.execute("PRAGMA user_version = 3")
+    raw.close()
+    with pytest.raises(SqliteSchemaError, match="schema version 3, expected 1414024780 and 2"):
+        SqliteBackend(db).acquire_writer(H)
+
+
+def test_a_failure_at_any_statement_of_the_upgrade_leaves_a_consistent_lease_file(db: Path) -> None:
+    """The upgrade runs in the opening transaction: a failure at any statement leaves
+    the file at version 1 (or, past the commit, at 2), the old row intact and respected."""
+    dry = SqliteFaults()
+    v1_lease_file(db)
+    with pytest.raises(SessionLockedError):
+        SqliteBackend(db, faults=dry).acquire_writer(H)
+    assert any("ADD COLUMN pid_scope" in sql for sql in dry.statements)
+    for k in range(1, dry.count + 1):
+        side = v1_lease_file(db)
+        faulty = SqliteBackend(db, faults=SqliteFaults(fail_at=k))
+        with pytest.raises((StorageIOError, SessionLockedError)):  # refused either way
+            faulty.acquire_writer(H)
+        faulty.close()
+        raw = sqlite3.connect(side)
+        version = raw.execute("PRAGMA user_version").fetchone()[0]
+        columns = [r[1] for r in raw.execute("PRAGMA table_info(leases)")]
+        assert raw.execute("SELECT fence, token FROM leases").fetchall() == [(7, "old")], k
+        raw.close()
+        assert (version, "pid_scope" in columns) in {(1, False), (2, True)}, k
+        with pytest.raises(SessionLockedError):
+            SqliteBackend(db).acquire_writer(H)

@@ -443,3 +443,79 @@ def test_bench_runs_w5_and_w7_on_postgres_beside_jsonl_and_sqlite(
         assert figures[key]["median_ms"] > 0 and figures[key]["n"] == 300, key
     leftover = sql(pg_url, "SELECT nspname FROM pg_namespace WHERE nspname LIKE %s", ("bench_%",))
     assert leftover == []  # the bench drops the schemas it made
+
+
+def test_a_version_1_schema_is_upgraded_and_its_holders_are_remote(make: Any, pg_url: str, pg_schema: str) -> None:
+    """A schema from before the pid scope (issue 24): opened, it gains the column and
+    version 2; its lease rows name no scope, so even a holder of this host whose pid is
+    gone is waited out (the old rule took it over at once)."""
+    make().materialize(H, events(0, 1))
+    sql(pg_url, f"ALTER TABLE {pg_schema}.leases DROP COLUMN pid_scope")
+    sql(pg_url, f"UPDATE {pg_schema}.meta SET schema_version = 1")
+    sql(
+        pg_url,
+        f"INSERT INTO {pg_schema}.leases (session_id, fence, token, host, pid, start_time, since, expires) "
+        "VALUES ('s', 7, 'old', %s, %s, NULL, clock_timestamp(), clock_timestamp() + interval '1 hour')",
+        (socket.gethostname(), 2**22 + 12345),
+    )
+    b = make()
+    with pytest.raises(SessionLockedError) as info:
+        b.acquire_writer(H)
+    assert info.value.holder["pidScope"] is None  # type: ignore[index]
+    assert sql(pg_url, f"SELECT schema_version FROM {pg_schema}.meta") == [(SCHEMA_VERSION,)] == [(2,)]
+    assert sql(pg_url, f"SELECT pid_scope FROM {pg_schema}.leases") == [(None,)]
+    sql(pg_url, f"UPDATE {pg_schema}.leases SET expires = clock_timestamp() - interval '1 second'")
+    lease = b.acquire_writer(H)  # expired: taken over
+    assert lease_row(pg_url, pg_schema)[0] == 8
+    lease.release()
+    assert [r["seq"] for r in make().load("s").records] == [0]
+
+
+def test_a_failure_at_any_statement_of_the_upgrade_leaves_a_consistent_schema(
+    make: Any, pg_url: str, pg_schema: str
+) -> None:
+    """The upgrade runs in the opening transaction: a failure at any of its statements
+    leaves version 1 (no column) or, past the commit, version 2; the old row intact
+    and respected either way."""
+
+    class FailAt:
+        def __init__(self, k: int | None) -> None:
+            self.k, self.seen = k, []  # type: ignore[var-annotated]
+
+        def before(self, stmt: str) -> None:
+            self.seen.append(stmt)
+            if len(self.seen) == self.k:
+                raise psycopg.OperationalError(f"injected at statement {self.k}")
+
+    make().materialize(H, events(0, 1))
+
+    def downgrade() -> None:
+        sql(pg_url, f"ALTER TABLE {pg_schema}.leases DROP COLUMN IF EXISTS pid_scope")
+        sql(pg_url, f"UPDATE {pg_schema}.meta SET schema_version = 1")
+        sql(pg_url, f"DELETE FROM {pg_schema}.leases")
+        sql(
+            pg_url,
+            f"INSERT INTO {pg_schema}.leases (session_id, fence, token, host, pid, since, expires) "
+            "VALUES ('s', 7, 'old', %s, %s, clock_timestamp(), clock_timestamp() + interval '1 hour')",
+            (socket.gethostname(), 2**22 + 12345),
+        )
+
+    downgrade()
+    dry = FailAt(None)
+    with pytest.raises(SessionLockedError):
+        make(faults=dry).acquire_writer(H)
+    n = dry.seen.index(next(s for s in dry.seen if "ADD COLUMN" in s)) + 3  # through its COMMIT
+    for k in range(1, n + 1):
+        downgrade()
+        with pytest.raises((StorageIOError, SessionLockedError)):
+            make(faults=FailAt(k)).acquire_writer(H)
+        [(version,)] = sql(pg_url, f"SELECT schema_version FROM {pg_schema}.meta")
+        columns = [r[0] for r in sql(
+            pg_url,
+            "SELECT column_name FROM information_schema.columns WHERE table_schema = %s AND table_name = 'leases'",
+            (pg_schema,),
+        )]
+        assert (version, "pid_scope" in columns) in {(1, False), (2, True)}, k
+        assert sql(pg_url, f"SELECT fence, token FROM {pg_schema}.leases") == [(7, "old")], k
+        with pytest.raises(SessionLockedError):
+            make().acquire_writer(H)

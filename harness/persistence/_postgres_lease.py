@@ -3,23 +3,27 @@ liveness, and the keeper thread that renews held leases while their holder lives
 
 A lease row (see :mod:`harness.persistence._postgres_schema`) is *live* while it has
 a token, its ``expires`` (server clock) is in the future, and its holder is not
-provably dead. Provably dead is decidable only on the holder's own host (its pid is
-gone, or now belongs to a process with another start time); a holder on another
-host — or one that is merely stopped (SIGSTOP), partitioned or slow — is respected
-until its lease expires. Its keeper is stopped with it, so the lease does expire.
+provably dead. Provably dead is decidable only for a holder of this backend's host
+name *and* this process's pid scope (boot id, pid and time namespaces: see
+:mod:`harness.persistence._liveness`): its pid is gone, or now belongs to a process with
+another start time. A holder anywhere else — another host, a container or pod sharing
+the host's name, a row without a scope — or one that is merely stopped (SIGSTOP),
+partitioned or slow is respected until its lease expires. Its keeper is stopped with
+it, so the lease does expire; its writes are then refused by the fence.
 """
 
 from __future__ import annotations
 
 import logging
-import os
-import socket
 import threading
 from collections.abc import Callable
 from typing import Any
 
 from harness.persistence._backend import WriterLease
-from harness.persistence._sqlite import process_start_time
+from harness.persistence._liveness import holder_dead as _holder_dead
+from harness.persistence._liveness import identity
+
+__all__ = ["LIVE_TOKENS", "LeaseKeeper", "PgLease", "describe", "holder", "holder_dead", "identity"]
 
 log = logging.getLogger("harness.persistence")
 
@@ -27,40 +31,25 @@ log = logging.getLogger("harness.persistence")
 #: lease whose holder is this very process (a pid check would always say "alive").
 LIVE_TOKENS: set[str] = set()
 
-_SELF_START: int | None = None
-
-
-def identity(host: str | None) -> tuple[str, int, int | None]:
-    """``(host, pid, pid start time)`` of this process; ``host`` overrides the name."""
-    global _SELF_START
-    if _SELF_START is None:
-        _SELF_START = process_start_time(os.getpid())
-    return host or socket.gethostname(), os.getpid(), _SELF_START
-
-
-def holder_dead(my_host: str, token: str, host: str | None, pid: int | None, start: int | None) -> bool:
-    """Whether the holder of a lease row is provably dead (only on ``my_host``)."""
-    _, my_pid, my_start = identity(my_host)
-    if host != my_host or pid is None:
-        return False
-    if pid == my_pid and (start is None or start == my_start):
-        return token not in LIVE_TOKENS
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        pass  # exists, owned by another user
-    if start is None:
-        return False
-    current = process_start_time(pid)
-    return current is not None and current != start  # the pid was reused
+def holder_dead(
+    my_host: str, token: str, host: str | None, pid: int | None, start: int | None, scope: str | None
+) -> bool:
+    """Whether the holder of a lease row is provably dead (see the module docstring)."""
+    return _holder_dead(my_host, LIVE_TOKENS, token, host, pid, start, scope)
 
 
 def holder(row: tuple[Any, ...]) -> dict[str, Any]:
     """The public description of a lease row ``(fence, token, host, pid, start_time,
-    since_ms, expires_ms, remaining_ms)``."""
-    return {"pid": row[3], "host": row[2], "since": row[5], "startTime": row[4], "expires": row[6], "fence": row[0]}
+    since_ms, expires_ms, remaining_ms, pid_scope)``."""
+    return {
+        "pid": row[3],
+        "host": row[2],
+        "since": row[5],
+        "startTime": row[4],
+        "expires": row[6],
+        "fence": row[0],
+        "pidScope": row[8],
+    }
 
 
 def describe(row: tuple[Any, ...]) -> str:

@@ -33,7 +33,7 @@ log = logging.getLogger("harness.persistence")
 _LEASE_COLUMNS: Final = (
     "fence, token, host, pid, start_time, (extract(epoch FROM since) * 1000)::bigint, "
     "(extract(epoch FROM expires) * 1000)::bigint, "
-    "(extract(epoch FROM expires - clock_timestamp()) * 1000)::bigint"
+    "(extract(epoch FROM expires - clock_timestamp()) * 1000)::bigint, pid_scope"
 )
 
 
@@ -55,10 +55,10 @@ class LeaseTable:
         return rows[0] if rows else None
 
     def live(self, row: tuple[Any, ...]) -> bool:
-        _fence, token, host, pid, start, _since, _expires, remaining = row
+        _fence, token, host, pid, start, _since, _expires, remaining, scope = row
         if token is None or remaining is None or remaining <= 0:
             return False
-        return not holder_dead(self.host, token, host, pid, start)
+        return not holder_dead(self.host, token, host, pid, start, scope)
 
     def check(self, conn: Connection[Any], sid: str, lease: WriterLease | None, n: int) -> None:
         """Inside a write transaction, before anything is written: the caller's lease
@@ -101,22 +101,24 @@ class LeaseTable:
         whose holder is provably dead, is taken over."""
         sid = header["id"]
         token = secrets.token_hex(16)
-        host, pid, start = identity(self.host)
+        host, pid, start, scope = identity(self.host)
         # Vouch for the token before it can be seen: another thread of this process
         # checking liveness must not find it "dead" between the commit and here.
         LIVE_TOKENS.add(token)
         self.tokens.add(token)
         try:
             with self.db.txn(sid, "taking the writer lease") as conn:
-                values = (token, host, pid, start, self._ttl_ms)
+                values = (token, host, pid, start, scope, self._ttl_ms)
                 fresh = (
-                    "token = %s, host = %s, pid = %s, start_time = %s, since = clock_timestamp(), "
+                    "token = %s, host = %s, pid = %s, start_time = %s, pid_scope = %s, since = clock_timestamp(), "
                     "expires = clock_timestamp() + %s * interval '1 millisecond'"
                 )
                 rows = self.db.rows(
                     conn,
-                    f"INSERT INTO {self.db.schema}.leases (session_id, fence, token, host, pid, start_time, since, expires) "
-                    "VALUES (%s, 1, %s, %s, %s, %s, clock_timestamp(), clock_timestamp() + %s * interval '1 millisecond') "
+                    f"INSERT INTO {self.db.schema}.leases "
+                    "(session_id, fence, token, host, pid, start_time, pid_scope, since, expires) "
+                    "VALUES (%s, 1, %s, %s, %s, %s, %s, clock_timestamp(), "
+                    "clock_timestamp() + %s * interval '1 millisecond') "
                     "ON CONFLICT (session_id) DO NOTHING RETURNING fence",
                     (sid, *values),
                 )
@@ -192,13 +194,13 @@ class LeaseTable:
                 self.db.exec(
                     conn,
                     f"UPDATE {self.db.schema}.leases SET token = NULL, host = NULL, pid = NULL, start_time = NULL, "
-                    "expires = NULL WHERE session_id = %s AND token = %s",
+                    "pid_scope = NULL, expires = NULL WHERE session_id = %s AND token = %s",
                     (lease.session_id, lease.token),
                 )
         except StorageIOError as exc:
             # Best effort, as JSONL's flock release: the row keeps a token nobody
-            # vouches for any more, so a writer on this host takes it over at once
-            # (its holder is provably dead) and one elsewhere at its expiry. Raising
+            # vouches for any more, so a writer of this host and pid scope takes it
+            # over at once (its holder is provably dead) and any other at its expiry. Raising
             # would make a clean retirement (every event durable) look like a failure.
             log.warning("postgres: %s (the lease is taken over at its expiry)", exc)
 

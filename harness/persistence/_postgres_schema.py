@@ -15,14 +15,18 @@ backend owns: four tables, created together in one transaction on first use.
   ``data_z`` (exactly one of the two is set).
 * ``leases`` — one row per session ever opened for writing: the fence (grows with
   every acquisition, never reset, not even by a delete), the holder (random token,
-  host, pid, the pid's start time), ``since`` and ``expires`` in the *server's* clock
-  (hosts' clocks never have to agree).
+  host, pid, the pid's start time, its pid scope: see
+  :mod:`harness.persistence._liveness`), ``since`` and ``expires`` in the *server's*
+  clock (hosts' clocks never have to agree).
 
 :func:`open_schema` runs before the backend writes anything: a schema whose ``meta``
-names another application, a newer or older version, or that holds tables but no
-``meta`` row (somebody else's namespace) is refused with
-:class:`PostgresSchemaError`, untouched. Concurrent first opens serialise on a
-transaction-scoped advisory lock, so exactly one creates the tables.
+names another application, a newer version, or that holds tables but no ``meta``
+row (somebody else's namespace) is refused with :class:`PostgresSchemaError`,
+untouched. A version-1 schema (before ``leases.pid_scope``, issue 24) is upgraded in
+place: the column is added, NULL in every existing row (those holders are remote:
+respected until they expire), and ``schema_version`` becomes 2. Concurrent first
+opens (and upgrades) serialise on a transaction-scoped advisory lock, so exactly one
+creates (or upgrades) the tables.
 """
 
 from __future__ import annotations
@@ -35,7 +39,9 @@ from typing import Any, Final
 from harness.errors import StorageIOError
 
 APPLICATION: Final = "trio-harness"
-SCHEMA_VERSION: Final = 1
+SCHEMA_VERSION: Final = 2
+#: Older versions :func:`open_schema` upgrades in place (see the module docstring).
+UPGRADABLE_VERSIONS: Final = (1,)
 DEFAULT_SCHEMA: Final = "harness"
 
 _NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
@@ -110,7 +116,8 @@ def ddl(s: str) -> tuple[str, ...]:
   pid        integer,
   start_time bigint,
   since      timestamptz,
-  expires    timestamptz
+  expires    timestamptz,
+  pid_scope  text
 )""",
     )
 
@@ -124,15 +131,17 @@ def open_schema(exec_: Exec, s: str, *, create: bool = True) -> str:
     not ``create``: then its absence is refused too); return the store id. Refuses
     (:class:`PostgresSchemaError`) before writing anything."""
     found = _inspect(exec_, s)
-    if found is not None:
-        return found
-    if not create:
+    if found is not None and found[1] == SCHEMA_VERSION:
+        return found[0]
+    if found is None and not create:
         raise PostgresSchemaError(f'PostgreSQL schema "{s}" holds no trio-harness store', schema=s)
-    # Serialise concurrent creators; the loser sees the winner's meta row.
+    # Serialise concurrent creators (and upgraders); the loser sees the winner's work.
     exec_("SELECT pg_advisory_xact_lock(hashtext(%s))", (f"{APPLICATION}:schema:{s}",))
     found = _inspect(exec_, s)
     if found is not None:
-        return found
+        if found[1] != SCHEMA_VERSION:
+            _upgrade(exec_, s, found[1])
+        return found[0]
     for stmt in ddl(s):
         exec_(stmt, ())
     store_id = str(uuid.uuid4())
@@ -143,9 +152,19 @@ def open_schema(exec_: Exec, s: str, *, create: bool = True) -> str:
     return store_id
 
 
-def _inspect(exec_: Exec, s: str) -> str | None:
-    """The store id of a valid schema ``s``; ``None`` if there is none yet (no
-    namespace, or an empty one); raises for anything else."""
+def _upgrade(exec_: Exec, s: str, version: int) -> None:
+    """Bring schema ``s`` from ``version`` (one of :data:`UPGRADABLE_VERSIONS`) to
+    :data:`SCHEMA_VERSION`, under the advisory lock, in the opening transaction."""
+    if version == 1:
+        # Rows of version-1 holders get no scope: remote, respected until they expire.
+        exec_(f"ALTER TABLE {s}.leases ADD COLUMN IF NOT EXISTS pid_scope text", ())
+    exec_(f"UPDATE {s}.meta SET schema_version = %s", (SCHEMA_VERSION,))
+
+
+def _inspect(exec_: Exec, s: str) -> tuple[str, int] | None:
+    """The store id and schema version of a valid schema ``s`` (the version is this
+    build's or one it upgrades); ``None`` if there is none yet (no namespace, or an
+    empty one); raises for anything else."""
     tables = {
         str(r[0])
         for r in exec_(
@@ -175,7 +194,7 @@ def _inspect(exec_: Exec, s: str) -> str | None:
             application=str(application),
             schema_version=int(version),
         )
-    if version != SCHEMA_VERSION:
+    if version != SCHEMA_VERSION and version not in UPGRADABLE_VERSIONS:
         newer = int(version) > SCHEMA_VERSION
         raise PostgresSchemaError(
             f'PostgreSQL schema "{s}" has schema version {version}, '
@@ -194,7 +213,7 @@ def _inspect(exec_: Exec, s: str) -> str | None:
             f'PostgreSQL schema "{s}" lacks the table(s) {", ".join(missing)}', schema=s,
             application=str(application), schema_version=int(version),
         )
-    return str(store_id)
+    return str(store_id), int(version)
 
 
 def is_postgres_url(value: object) -> bool:

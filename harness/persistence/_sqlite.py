@@ -20,7 +20,7 @@ reference's torn-tail rule to physical rows; a repair (delete the torn rows, app
 the closers) is one transaction.
 
 One live writer per session (this port's addition): a *lease* row per session naming
-its holder (host, pid, the pid's start time, a random token), with an expiry
+its holder (host, pid, the pid's start time, its pid scope, a random token), with an expiry
 (``lease_ttl``) and a *fence*: an integer that grows with every acquisition. The lease
 rows live in a separate file, ``<db>-leases`` (the reference refuses any schema object
 of its own database that it did not create), attached to the connection: a
@@ -32,9 +32,11 @@ the backend (wall-clock time, independent of Trio; it runs only while the backen
 leases out). Every write checks, in its own transaction, that the caller's lease is
 still the current one (token and fence) and renews it; a writer whose lease was taken
 over gets :class:`LeaseLostError` and nothing of its batch lands. A lease can be taken
-over when it expired, or when its holder is provably dead: same host and its pid is
-gone, or the pid now belongs to a process with another start time (a reused pid).
-A live lease on another host is respected until it expires. A reference process
+over when it expired, or when its holder is provably dead: same host *and* same pid
+scope (boot id, pid and time namespaces: :mod:`harness.persistence._liveness`) and its
+pid is gone, or the pid now belongs to a process with another start time (a reused
+pid). A live lease of any other holder (another host, another container or pod on
+this host, a row without a scope) is respected until it expires. A reference process
 writing the same database ignores the leases; the stale-writer check still holds.
 
 All methods block: call them from a worker thread. ``sqlite3`` errors never escape:
@@ -72,6 +74,7 @@ from harness.errors import (
 )
 from harness.persistence._backend import StoredLog, WriterLease, check_header_record, format_error
 from harness.persistence._files import OsFiles, SimulatedCrash
+from harness.persistence._liveness import holder_dead, identity, process_start_time
 from harness.persistence._sqlite_rows import (
     COLUMNS,
     INSERT,
@@ -130,7 +133,7 @@ JournalMode = Literal["wal", "delete", "truncate", "persist"]
 JOURNAL_MODES: Final = ("wal", "delete", "truncate", "persist")
 _JOURNAL_BUSY_RETRY: Final = 0.010  # seconds between journal-mode attempts on SQLITE_BUSY
 
-_LEASE_COLUMNS = "fence, token, host, pid, start_time, since, expires"
+_LEASE_COLUMNS = "fence, token, host, pid, start_time, since, expires, pid_scope"
 _LEASES = f"{LEASE_SCHEMA}.leases"
 _SESSION_COLUMNS = (
     "id, version, created_at, cwd, parent_session, seed_length, origin, delegation_depth, agent_preset, "
@@ -690,7 +693,7 @@ class SqliteBackend:
         :class:`SessionLockedError` naming a live holder."""
         sid = header["id"]
         token = secrets.token_hex(8)
-        host, pid, start = _identity()
+        host, pid, start, scope = identity()
         now = _now_ms()
         with self._txn(owned=False) as db:
             row = self._lease_row(db, sid)
@@ -703,9 +706,10 @@ class SqliteBackend:
             fence = 1 if row is None else int(row[0]) + 1
             self._exec(
                 db,
-                f"INSERT OR REPLACE INTO {_LEASES} (session_id, fence, token, host, pid, start_time, since, expires) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                (sid, fence, token, host, pid, start, now, now + int(self.lease_ttl * 1000)),
+                f"INSERT OR REPLACE INTO {_LEASES} "
+                "(session_id, fence, token, host, pid, start_time, since, expires, pid_scope) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (sid, fence, token, host, pid, start, now, now + int(self.lease_ttl * 1000), scope),
             )
         _LIVE_TOKENS.add(token)
         self._tokens.add(token)
@@ -762,7 +766,8 @@ class SqliteBackend:
         with self._txn(owned=False) as db:
             self._exec(
                 db,
-                f"UPDATE {_LEASES} SET token = NULL, host = NULL, pid = NULL, start_time = NULL, expires = NULL "
+                f"UPDATE {_LEASES} SET token = NULL, host = NULL, pid = NULL, start_time = NULL, expires = NULL, "
+                "pid_scope = NULL "
                 "WHERE session_id = ? AND token = ?",
                 (sid, token),
             )
@@ -778,7 +783,12 @@ class SqliteBackend:
         except sqlite3.Error:
             return False
         try:
-            row = db.execute(f"SELECT {_LEASE_COLUMNS} FROM leases WHERE session_id = ?", (header["id"],)).fetchone()
+            columns = {r[1] for r in db.execute("PRAGMA table_info(leases)")}
+            if not columns:
+                return False  # no schema yet: nobody can hold a lease
+            # A version-1 file not yet upgraded (no pid scope): its holders are remote.
+            select = _LEASE_COLUMNS if "pid_scope" in columns else _LEASE_COLUMNS.replace("pid_scope", "NULL")
+            row = db.execute(f"SELECT {select} FROM leases WHERE session_id = ?", (header["id"],)).fetchone()
         except sqlite3.Error:
             return False  # no schema yet: nobody can hold a lease
         finally:
@@ -829,61 +839,25 @@ def _now_ms() -> int:
     return int(time.time() * 1000)
 
 
-def process_start_time(pid: int) -> int | None:
-    """The start time of ``pid`` (``/proc/<pid>/stat`` field 22, clock ticks after
-    boot), or ``None`` where that is unavailable (not Linux, no such process)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read()
-    except OSError:
-        return None
-    try:
-        # Field 2 (comm) may hold spaces and parentheses: split after the last ")".
-        return int(data[data.rindex(b")") + 2 :].split()[19])
-    except (ValueError, IndexError):
-        return None
-
-
-_SELF_START: int | None = None
-
-
-def _identity() -> tuple[str, int, int | None]:
-    global _SELF_START
-    if _SELF_START is None:
-        _SELF_START = process_start_time(os.getpid())
-    return socket.gethostname(), os.getpid(), _SELF_START
-
-
-def _holder_dead(token: str, host: str | None, pid: int | None, start: int | None) -> bool:
-    """Provably dead: only decidable on this host."""
-    my_host, my_pid, my_start = _identity()
-    if host != my_host or pid is None:
-        return False
-    if pid == my_pid and (start is None or start == my_start):
-        return token not in _LIVE_TOKENS  # this process: exact knowledge
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        pass  # exists, owned by someone else
-    if start is None:
-        return False
-    current = process_start_time(pid)
-    return current is not None and current != start  # the pid was reused
-
-
 def _lease_live(row: tuple[Any, ...], now: int) -> bool:
-    _fence, token, host, pid, start, _since, expires = row
+    _fence, token, host, pid, start, _since, expires, scope = row
     if token is None:
         return False  # released
     if expires is not None and expires <= now:
         return False
-    return not _holder_dead(token, host, pid, start)
+    return not holder_dead(socket.gethostname(), _LIVE_TOKENS, token, host, pid, start, scope)
 
 
 def _holder(row: tuple[Any, ...]) -> dict[str, Any]:
-    return {"pid": row[3], "host": row[2], "since": row[5], "startTime": row[4], "expires": row[6], "fence": row[0]}
+    return {
+        "pid": row[3],
+        "host": row[2],
+        "since": row[5],
+        "startTime": row[4],
+        "expires": row[6],
+        "fence": row[0],
+        "pidScope": row[7],
+    }
 
 
 def _describe(row: tuple[Any, ...]) -> str:

@@ -52,9 +52,12 @@ SCHEMA_VERSION: Final = 17
 LEGACY_APPLICATION_ID: Final = 0x54484E53
 LEGACY_SCHEMA_VERSIONS: Final = (1, 2)
 
-#: The lease file: its own application id ("THNL") and version.
+#: The lease file: its own application id ("THNL") and version. Version 2 (issue 24)
+#: added ``pid_scope``; a version-1 file is upgraded in place on open (its rows get no
+#: scope: their holders are remote, respected until they expire).
 LEASE_APPLICATION_ID: Final = 0x54484E4C
-LEASE_SCHEMA_VERSION: Final = 1
+LEASE_SCHEMA_VERSION: Final = 2
+LEASE_UPGRADABLE_VERSIONS: Final = (1,)
 LEASE_SCHEMA: Final = "lease"  # the name it is attached under
 
 SQLITE_MAGIC: Final = b"SQLite format 3\x00"
@@ -102,7 +105,8 @@ LEASE_TABLES: Final = (
   pid        INTEGER,
   start_time INTEGER,
   since      INTEGER,
-  expires    INTEGER
+  expires    INTEGER,
+  pid_scope  TEXT
 ) STRICT""",
     f"""CREATE TABLE {LEASE_SCHEMA}.lease_store (
   singleton INTEGER PRIMARY KEY CHECK (singleton = 1),
@@ -329,8 +333,8 @@ def check_for_mutation(exec_: Exec, path: Path, checked_cookie: int | None = Non
 
 def check_lease_file(exec_: Exec, path: Path, store_id: str) -> None:
     """Inside a ``BEGIN IMMEDIATE`` with the lease file attached: initialise a pristine
-    one, refuse a foreign one, bind it to ``store_id`` (forgetting the leases of
-    another store)."""
+    one, upgrade a version-1 one, refuse a foreign (or newer) one, bind it to
+    ``store_id`` (forgetting the leases of another store)."""
     s = LEASE_SCHEMA
     version = _int(exec_, f"PRAGMA {s}.user_version")
     app_id = _int(exec_, f"PRAGMA {s}.application_id")
@@ -339,6 +343,11 @@ def check_lease_file(exec_: Exec, path: Path, store_id: str) -> None:
         for statement in LEASE_TABLES:
             exec_(statement)
         exec_(f"PRAGMA {s}.application_id = {LEASE_APPLICATION_ID}")
+        exec_(f"PRAGMA {s}.user_version = {LEASE_SCHEMA_VERSION}")
+    elif app_id == LEASE_APPLICATION_ID and version in LEASE_UPGRADABLE_VERSIONS:
+        # Written by a build before the pid scope (issue 24): add the column, NULL in
+        # every existing row, so those holders count as remote until they expire.
+        exec_(f"ALTER TABLE {s}.leases ADD COLUMN pid_scope TEXT")
         exec_(f"PRAGMA {s}.user_version = {LEASE_SCHEMA_VERSION}")
     elif app_id != LEASE_APPLICATION_ID or version != LEASE_SCHEMA_VERSION:
         raise SqliteSchemaError(
