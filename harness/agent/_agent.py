@@ -166,6 +166,7 @@ class Agent:
         # The inbox survives a resume: it is folded back from its splice records.
         self._inbox = Inbox.rebuild(session.events)
         self._inbox_lock = trio.Lock()
+        self._waking_lock = trio.Lock()  # FIFO order of follow-ups and steers
         self._driver: trio.Event | None = None  # set when the running driver exits
         self._parked = False  # a cancel parks queued work until the next waking send
         # A waking send arrived while a turn or maintenance ran: start the driver when
@@ -254,11 +255,14 @@ class Agent:
         one more step for it), or starts a turn when idle. ``inject``: delivered at the
         next step of whatever turn runs next; it does not wake the agent. The first two
         wake an idle agent: its driver runs turns (in the loop's nursery) while queued
-        work remains; during maintenance they wait until it ends.
+        work remains. During maintenance (manual compaction) a follow-up or steer is
+        recorded only once it ends, so this call waits for it (in FIFO order); an
+        inject is recorded at once (log-only, it reaches the surface at the next step).
 
         The queue change is one durable ``agent/inbox/spliced`` record.
 
-        Cancellation: cancelled before the record was appended, nothing is queued.
+        Cancellation: cancelled before the record was appended (also while waiting
+        for maintenance to end), nothing is queued.
         """
         if self.disposed:
             raise AgentDisposedError(f'agent "{self.id}" is disposed', session_id=self.id)
@@ -266,16 +270,35 @@ class Agent:
             raise AgentArgumentError(f'agent send delivery must be "follow-up", "steer" or "inject", got {delivery!r}')
         message = _user_message(text)
         target: Target = "next-turn" if delivery == "follow-up" else "next-step"
+        if delivery == "inject":
+            await self._record_send(target, message, delivery)
+            return str(message["id"])
+        # A waking send during maintenance is recorded after it (reference §7.1: it
+        # runs after the bracket's end, flush and release, and nothing of it is written
+        # inside the bracket); the lock keeps such sends in their FIFO order. A send
+        # from the maintenance task itself cannot wait for its own end.
+        if (self._phase == "maintenance" and not self.in_turn()) or self._waking_lock.locked():
+            async with self._waking_lock:
+                while self._phase == "maintenance" and not self.in_turn():
+                    await self._idle.wait()
+                if self.disposed:
+                    raise AgentDisposedError(f'agent "{self.id}" is disposed', session_id=self.id)
+                await self._record_send(target, message, delivery)
+        else:
+            await self._record_send(target, message, delivery)
+        self._parked = False
+        self._wake()
+        return str(message["id"])
+
+    async def _record_send(self, target: Target, message: dict[str, Any], delivery: Delivery) -> None:
+        """Append the send's ``agent/inbox/spliced`` record and queue the message.
+        Cancellation: cancelled before the record was appended, nothing is queued."""
         async with self._inbox_lock:
             queue = self._inbox.queues[target]
             await self.session.append(*_as_append(splice_draft(target, len(queue), 0, [message])))
             self._inbox.apply(target, len(queue), 0, [message])
             if delivery == "steer":
                 self._inbox.waking.add(message["id"])
-        if delivery != "inject":
-            self._parked = False
-            self._wake()
-        return str(message["id"])
 
     async def clear_inbox(self) -> int:
         """Drop every queued message (one ``agent/inbox/spliced {outcome: canceled}``
