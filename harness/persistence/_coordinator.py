@@ -169,6 +169,11 @@ class Persistence(ServiceMixin):
                 "prepare the session again)",
                 session_id=handle.id,
             )
+        if handle.id in self._cold_loads:
+            raise SessionLockedError(
+                f'cannot publish session "{handle.id}": persisted state already owns this identity',
+                session_id=handle.id,
+            )
         reserved = self._reserved.get(handle.id)
         if reserved is not None:
             if reserved.session is not session:

@@ -150,6 +150,10 @@ class ServiceMixin:
         self._cache_size = 5
         self._inspections: OrderedDict[str, tuple[str, SessionInspection]] = OrderedDict()
         self._loading: dict[str, _Loading] = {}
+        # Ids a cold load is reading and repairing right now (reference §2.6: the
+        # preparation entry in its loading/committing phase): a live creation of one
+        # is vetoed, as the reference's "persisted state already owns this identity".
+        self._cold_loads: set[str] = set()
 
     def _configure_cache(self, size: object) -> None:
         if type(size) is not int or size <= 0:
@@ -326,6 +330,9 @@ class ServiceMixin:
                 self._states[session_id] = state
             for i, rec in enumerate(batch):
                 if rec["seq"] != state.cursor + i:
+                    # Our cursor may be stale (another process appended since): then
+                    # the storage's stale-writer refusal, not a seq mismatch of ours.
+                    await trio.to_thread.run_sync(self._refuse_if_moved, session_id, state)
                     raise PersistenceError(
                         f'append seq mismatch for "{session_id}": expected {state.cursor + i} at index {i}, '
                         f"got {rec['seq']}",
@@ -401,6 +408,18 @@ class ServiceMixin:
             message = f'cannot append session "{session_id}": {changed}; nothing was written, load it again'
         raise SessionLogExistsError(message, session_id=session_id)
 
+    def _refuse_if_moved(self, session_id: str, state: _EnvelopeState) -> None:
+        """Blocking: :meth:`_verify_unchanged` under the writer lock, for an append
+        whose seqs do not follow ``state``: another writer holding the session is
+        :class:`SessionLockedError`, a log another process moved on is
+        :class:`SessionLogExistsError`; an unchanged log returns (the caller's
+        mismatch stands)."""
+        lease = self.backend.acquire_writer(state.meta)
+        try:
+            self._verify_unchanged(session_id, state)
+        finally:
+            lease.release()
+
     def _write(self, state: _EnvelopeState, batch: list[dict[str, Any]]) -> None:
         """Blocking: one whole batch under the session's writer lock."""
         sid = state.meta["id"]
@@ -470,7 +489,11 @@ class ServiceMixin:
                     # Became live, prepared or retiring (detached after the wait above)
                     # while this waited: look again.
                     continue
-                session, state = await trio.to_thread.run_sync(self._load_cold, session_id)
+                self._cold_loads.add(session_id)
+                try:
+                    session, state = await trio.to_thread.run_sync(self._load_cold, session_id)
+                finally:
+                    self._cold_loads.discard(session_id)
                 # No checkpoint from the thread's return to the end of this block: the
                 # state recorded is the one the repair left, and no live creation can
                 # slip in between.
