@@ -383,7 +383,7 @@ async def test_a_live_create_while_a_cold_load_holds_the_id_is_refused(tmp_path:
                 n.start_soon(load)
                 await trio.to_thread.run_sync(inside.wait)
                 try:
-                    with pytest.raises(SessionLockedError, match='^cannot publish session "s": persisted state already owns this identity$'):
+                    with pytest.raises(SessionLockedError, match=r'^cannot publish session "s": persisted state already owns this identity$'):
                         await store.create(SID, cwd="/w")
                 finally:
                     go.set()
