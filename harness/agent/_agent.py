@@ -290,6 +290,38 @@ class Agent:
         self._wake()
         return str(message["id"])
 
+    def inject_nowait(self, text: str) -> str:
+        """Queue an ``inject`` message synchronously (no checkpoint); return its id.
+
+        As ``send(text, delivery="inject")``: delivered at the next step of whatever
+        turn runs next, it does not wake the agent. The message is queued now and its
+        ``agent/inbox/spliced`` record is sent to the session actor without waiting
+        (:meth:`SessionHandle.append_nowait`, in order with every later append). When
+        another inbox change is being recorded at this moment, the record is written
+        right after it, by a task in the agent's nursery (FIFO with other sends).
+
+        Raises :class:`AgentDisposedError`, ``SessionNotLiveError`` (stale session), and
+        :class:`AgentBusyError` when a record is in flight and the agent has no nursery
+        to defer to (then nothing is queued).
+        """
+        if self.disposed:
+            raise AgentDisposedError(f'agent "{self.id}" is disposed', session_id=self.id)
+        message = _user_message(text)
+        if self._inbox_lock.locked():
+            if self._nursery is None:
+                raise AgentBusyError(
+                    f'agent "{self.id}": an inbox change is being recorded; use await send(..., delivery="inject")',
+                    session_id=self.id,
+                )
+            self._nursery.start_soon(self._record_send, "next-step", message, "inject")
+            return str(message["id"])
+        queue = self._inbox.queues["next-step"]
+        # No inbox record is in flight (the lock is free): this one is next, at the
+        # queue's current end, in memory and in the actor's order alike.
+        self.session.append_nowait(*_as_append(splice_draft("next-step", len(queue), 0, [message])))
+        self._inbox.apply("next-step", len(queue), 0, [message])
+        return str(message["id"])
+
     async def _record_send(self, target: Target, message: dict[str, Any], delivery: Delivery) -> None:
         """Append the send's ``agent/inbox/spliced`` record and queue the message.
         Cancellation: cancelled before the record was appended, nothing is queued."""
