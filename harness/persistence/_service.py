@@ -15,7 +15,7 @@ import logging
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Iterable, Sequence
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, overload
 
 import attrs
 import orjson
@@ -52,10 +52,15 @@ log = logging.getLogger("harness.persistence")
 class SessionInspection:
     """A read-only view of a session: its header record (``meta``) and its events as
     records (frozen). Cold: the stored events plus the crash-repair closers a load would
-    append (not written); no ``session/end-seed``. Live: the live log as it is."""
+    append (not written); no ``session/end-seed``. Live: the live log as it is.
+
+    ``revision``: the backend's revision of exactly the stored bytes (rows) this view
+    was read from (reference §2.7); ``None`` for a live session's view (its log may hold
+    events not written yet, which no stored revision describes)."""
 
     meta: FrozenDict
     events: tuple[FrozenDict, ...]
+    revision: str | None = None
 
 
 class _Loading:
@@ -645,6 +650,7 @@ class ServiceMixin:
             return stored.revision, SessionInspection(
                 freeze_record(header_record(stored.header)),
                 tuple(freeze_record(r) for r in records) + tuple(freeze_record(thaw(c)) for c in closers),
+                stored.revision,
             )
 
         try:
@@ -663,9 +669,21 @@ class ServiceMixin:
                 del self._loading[session_id]
             loading.done.set()
 
-    async def read_from(self, session_id: str, from_seq: object) -> tuple[FrozenDict, ...]:
+    @overload
+    async def read_from(
+        self, session_id: str, from_seq: object, *, with_meta: Literal[False] = False
+    ) -> tuple[FrozenDict, ...]: ...
+
+    @overload
+    async def read_from(self, session_id: str, from_seq: object, *, with_meta: Literal[True]) -> SessionInspection: ...
+
+    async def read_from(
+        self, session_id: str, from_seq: object, *, with_meta: bool = False
+    ) -> tuple[FrozenDict, ...] | SessionInspection:
         """The stored events with ``seq >= from_seq`` (detached, frozen; empty at or past
         the end; a torn tail excluded; no repair closers; nothing cached or written).
+        ``with_meta=True`` returns them as a :class:`SessionInspection` with the stored
+        header record (``meta``) and the ``revision`` of the read, from the same read.
 
         Raises :class:`PersistenceArgumentError` for a ``from_seq`` that is not a
         non-negative safe integer, :class:`PersistedSessionNotFoundError`, and the
@@ -682,18 +700,21 @@ class ServiceMixin:
 
         load_from = getattr(self.backend, "load_from", None)
 
-        def work() -> tuple[FrozenDict, ...]:
+        def work() -> tuple[StoredLog, tuple[FrozenDict, ...]]:
             if load_from is not None:
                 # A backend that can seek reads only the suffix (so, as the reference's
                 # SQLite backend, it refuses unknown types in the suffix only).
                 stored = load_from(session_id, start)
                 self._refuse_unknown(session_id, stored.records, stored)
-                return tuple(freeze_record(r) for r in stored.records)
+                return stored, tuple(freeze_record(r) for r in stored.records)
             stored = self.backend.load(session_id)
             self._refuse_unknown(session_id, stored.records, stored)
-            return tuple(freeze_record(r) for r in stored.records[start:])
+            return stored, tuple(freeze_record(r) for r in stored.records[start:])
 
-        return await trio.to_thread.run_sync(work)
+        stored, events = await trio.to_thread.run_sync(work)
+        if not with_meta:
+            return events
+        return SessionInspection(freeze_record(header_record(stored.header)), events, stored.revision)
 
     async def list_snapshots(self) -> list[SessionInspection]:
         """:meth:`inspect` of every stored session, in :meth:`list` order. A session
