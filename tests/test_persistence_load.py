@@ -393,3 +393,33 @@ async def test_a_live_create_while_a_cold_load_holds_the_id_is_refused(tmp_path:
             assert types(stored(tmp_path, kind)[0])[4:] == CLOSERS
     finally:
         close_backend(backend)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_prepare_sees_what_was_appended_after_its_repair_commit(tmp_path: Path, kind: str) -> None:
+    # Reference §2.7: "after any repair commit the source is discarded and the log
+    # re-read". A writer that ignores the lease (e.g. another build sharing the
+    # database) appends right after the repair commit: the prepared session has it.
+    write_open_turn(tmp_path, kind)
+    backend = plain_backend(tmp_path, kind)
+    real_commit = backend.commit_repair
+
+    def commit_then_append(session_id: str, truncate_to: Any, closers: Any, *, lease: Any) -> None:
+        real_commit(session_id, truncate_to, closers, lease=lease)
+        n = len(backend.load(session_id).records)
+        late = {"type": "user/message", "seq": n, "time": 99, "data": user("late"), "surfaceOp": "append"}
+        backend.append(session_id, [late], lease=lease)
+
+    backend.commit_repair = commit_then_append  # type: ignore[method-assign]
+    try:
+        async with open_store() as store, open_persistence(store, backend) as p:
+            prep = await p.prepare(SID)
+            try:
+                events = list(prep.session.events)
+                assert [e.type for e in events][4:] == [*CLOSERS, "user/message", "session/end-seed"]
+                assert thaw(events[7].data)["id"] == "late"
+                assert prep.cursor == 8 and prep.repaired == 3
+            finally:
+                await prep.dispose()
+    finally:
+        close_backend(backend)

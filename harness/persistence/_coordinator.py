@@ -536,13 +536,20 @@ class Persistence(ServiceMixin):
             if self.backend.revision(session_id) != stored.revision:
                 stored = self.backend.load(session_id)  # written meanwhile: read it again
             records, closers = self._check_and_repair(session_id, stored)
-            if stored.truncate_to is not None or closers:
+            repaired = 0
+            while stored.truncate_to is not None or closers:
                 self.backend.commit_repair(session_id, stored.truncate_to, closers, lease=lease)
-            records.extend(closers)
+                repaired += len(closers)
+                # Reference §2.7: after a repair commit the log is read again, so the
+                # session is built from what is stored now (the repair, and anything a
+                # writer that ignores the lease appended after it), never from the
+                # pre-repair read; a new open turn or torn tail is repaired in turn.
+                stored = self.backend.load(session_id)
+                records, closers = self._check_and_repair(session_id, stored)
             session = build_session(session_id, stored.header, records)
             cursor = len(records)
             records.clear()  # adopted by the session: drop the envelopes now
-            return session, lease, cursor, len(closers)
+            return session, lease, cursor, repaired
         except BaseException:
             lease.release()
             raise

@@ -361,8 +361,12 @@ class ServiceMixin:
             fingerprint = Fingerprint()
             fingerprint.extend(records)
             fingerprint.extend(closers)
-            # Read under the lock, after any repair: exactly the log this state describes.
-            revision = self._revision_or_unknown(session_id)
+            # Read under the lock: exactly the log this state describes. After a repair
+            # commit it is unknown (reference §2.7: never pair a post-repair revision
+            # with the pre-repair read; a writer ignoring the lease may have appended
+            # since): the next write compares contents first.
+            repaired = stored.truncate_to is not None or bool(closers)
+            revision = None if repaired else self._revision_or_unknown(session_id)
             return _EnvelopeState(header_record(stored.header), fingerprint.count, True, fingerprint, revision)
         finally:
             lease.release()
@@ -554,8 +558,13 @@ class ServiceMixin:
                 if lease is not None:
                     if stored.truncate_to is not None or closers:
                         self.backend.commit_repair(session_id, stored.truncate_to, closers, lease=lease)
-                    # Under the lock, after the repair: exactly the log the state describes.
-                    revision = self._revision_or_unknown(session_id)
+                        # Unknown after a repair commit (reference §2.7: a post-repair
+                        # revision is never paired with the pre-repair read; a writer
+                        # ignoring the lease may have appended since): a claim or the
+                        # next append compares contents first.
+                        revision = None
+                    else:
+                        revision = self._revision_or_unknown(session_id)
             finally:
                 if lease is not None:
                     lease.release()
