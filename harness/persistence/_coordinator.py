@@ -771,12 +771,25 @@ class Persistence(ServiceMixin):
                     failures.append((leftover.id, exc))
             for prep in list(self._reserved.values()):
                 await prep.dispose()
+            await self._drain_chains()
             finished = True
         finally:
             # Reported even when cancelled half-way: a lost event is never silent.
             error = self._report_close_failures(failures, finished=finished)
         if error is not None:
             raise error from error.errors[0]
+
+    async def _drain_chains(self) -> None:
+        """Wait until no operation holds or waits for any id (reference §2.10: dispose
+        waits for every per-id chain, detached public appends included), so the backend
+        is not closed under a public ``append``, ``create`` or ``load`` still running in
+        another task. Each id is joined at the end of its FIFO queue; its entry goes
+        once nobody holds or waits for it. Cancellation: only this wait (the operations
+        finish on their own)."""
+        while self._chains:
+            for session_id in list(self._chains):
+                async with self._chain(session_id):
+                    pass
 
     async def _retire_at_close(self, writer: SessionWriter, failures: builtins.list[tuple[str, Exception]]) -> bool:
         """Retire ``writer``, trying its final write once more if it fails: after a
