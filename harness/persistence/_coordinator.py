@@ -91,6 +91,7 @@ class SessionPreparation:
         lease, self._lease = self._lease, None
         assert lease is not None
         self.published = True
+        self._persistence._prep_counts[1] += 1
         self._released.set()
         return lease
 
@@ -104,6 +105,7 @@ class SessionPreparation:
         self.disposed = True
         persistence = self._persistence
         if not self.published:
+            persistence._prep_counts[2] += 1
             # Remembered while this preparation lives, so that the store's created
             # listener refuses its session too (not only publish()).
             persistence._disposed[id(self.session)] = self
@@ -118,6 +120,23 @@ class SessionPreparation:
             if persistence._reserved.get(self.id) is self:
                 del persistence._reserved[self.id]
             self._released.set()
+
+
+@attrs.frozen
+class PreparationRecord:
+    """How many preparations a :class:`Persistence` made (``prepared``), how many of
+    them were published (their session went live) and how many were disposed
+    unpublished; ``outstanding`` are the ones neither yet (held: their lock with
+    them). Once everything settled, ``prepared == published + disposed``: a late
+    preparation (its caller gone) is always disposed, never left holding its lock."""
+
+    prepared: int
+    published: int
+    disposed: int
+
+    @property
+    def outstanding(self) -> int:
+        return self.prepared - self.published - self.disposed
 
 
 @final
@@ -140,6 +159,7 @@ class Persistence(ServiceMixin):
         # long as the preparation (and so its session), so ids cannot be reused.
         self._disposed: weakref.WeakValueDictionary[int, SessionPreparation] = weakref.WeakValueDictionary()
         self._retiring: set[SessionWriter] = set()
+        self._prep_counts = [0, 0, 0]  # prepared, published, disposed unpublished
         # Failed retirements: only what a retry needs (not the session).
         self._leftovers: list[Leftover] = []
         # Retirement failures nothing can retry (a wedged write): reported by aclose.
@@ -154,6 +174,12 @@ class Persistence(ServiceMixin):
             store.on_disposed(self._on_disposed),
             store.add_pre_commit_hook(self._refuse_unreadable),
         ]
+
+    @property
+    def preparations(self) -> PreparationRecord:
+        """The public record of this persistence's preparations (a snapshot)."""
+        prepared, published, disposed = self._prep_counts
+        return PreparationRecord(prepared, published, disposed)
 
     # -- listeners -----------------------------------------------------------------------
 
@@ -511,6 +537,7 @@ class Persistence(ServiceMixin):
                         continue  # prepared, live or retiring meanwhile: look again
                     session, lease, cursor, repaired = await trio.to_thread.run_sync(self._prepare_sync, session_id)
                     prep = SessionPreparation(self, session, lease, cursor, repaired)
+                    self._prep_counts[0] += 1
                     result.append(prep)
                     self._reserved[session_id] = prep
                 break
