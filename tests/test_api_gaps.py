@@ -122,3 +122,44 @@ async def test_open_runtime_inspection_cache_size_and_refusals(tmp_path: Path) -
     with pytest.raises(harness.RuntimeConfigError, match="files must be an OsFiles"):
         async with harness.open_runtime(tmp_path, files=object()):  # type: ignore[arg-type]
             pass
+
+
+async def test_checkpoint_flushes_are_observable_by_listeners(tmp_path: Path) -> None:
+    # Issue 24 §4: a listener sees each checkpoint flush of the policy (reference §4),
+    # the tool's before its body runs, with the tool/call already durable.
+    from harness.agent import Call, CheckpointContext, ToolSet, tool
+
+    seen: list[Any] = []
+
+    @tool("probe", "Records that it ran")
+    async def probe(args: dict[str, Any]) -> str:
+        seen.append("body")
+        return "ok"
+
+    provider = ScriptedProvider([[Call("probe", {})], [Say("done")]])
+    async with harness.open_runtime(tmp_path, provider=provider, tools=ToolSet([probe]), write_delay=3600) as rt:
+        flushed: list[int] = []
+        rt.store.on_flush(lambda h: _record_flush(flushed, h))
+        handle = await rt.create("s")
+
+        def on_checkpoint(c: CheckpointContext) -> None:
+            seen.append((c.point, c.step, c.call_id is not None))
+            if c.point == "tool":
+                calls = [e for e in handle.session.events if e.type == "tool/call"]
+                assert calls and calls[-1].seq < c.durable_seq and c.call_id == thaw(calls[-1].data)["callId"]
+                assert flushed and flushed[-1] == c.durable_seq  # the flush listeners ran first
+
+        handle.agent.hooks.on_checkpoint(on_checkpoint)
+        await handle.agent.run_turn("go")
+    assert seen == [
+        ("step", 1, False),
+        ("model-request", 1, False),
+        ("tool", 1, True),
+        "body",
+        ("step", 2, False),
+        ("model-request", 2, False),
+    ]
+
+
+async def _record_flush(flushed: list[int], handle: Any) -> None:
+    flushed.append(handle.seq)

@@ -12,7 +12,15 @@ import orjson
 import trio
 
 from actors import ActorError
-from harness.agent._hooks import AgentHooks, RequestErrorContext, Retry, Status, StepContext
+from harness.agent._hooks import (
+    AgentHooks,
+    CheckpointContext,
+    CheckpointPoint,
+    RequestErrorContext,
+    Retry,
+    Status,
+    StepContext,
+)
 from harness.agent._inbox import Inbox, Target, splice_draft
 from harness.agent._tools import ToolSet
 from harness.errors import HarnessError
@@ -504,6 +512,27 @@ class Agent:
             if prompt is not None:
                 self._wake_latched()  # work sent while a direct turn ran
 
+    def _checkpointed(self, turn: int, step: int, point: CheckpointPoint, call_id: str | None = None) -> None:
+        """Tell the checkpoint listeners that a checkpoint flush completed."""
+        if not self.hooks.checkpoint:
+            return
+        context = CheckpointContext(self, turn, step, point, call_id, self.session.seq)
+        for listener in list(self.hooks.checkpoint):
+            try:
+                result: object = listener(context)
+                if result is not None:
+                    refuse_awaitable("agent/checkpoint", listener, result)
+            except Exception as exc:
+                self.session.store.warnings.report(
+                    log,
+                    "listener-failed",
+                    "agent/checkpoint",
+                    f'agent "{self.id}": a checkpoint listener failed: {exc!r}',
+                    session_id=self.id,
+                    error=exc,
+                    level=logging.ERROR,
+                )
+
     def _notify(self, status: Status) -> None:
         for listener in list(self.hooks.status):
             try:
@@ -569,6 +598,7 @@ class Agent:
                         await hook(StepContext(self, turn, step.step, tuple(cast(FrozenDict, freeze(m)) for m in claimed)))
                     if self.checkpoint is not None:
                         await self.checkpoint.at_step_boundary(self.session)
+                        self._checkpointed(turn, step.step, "step")
                     steps.append(step)
                     outcome = await self._run_step(turn, step, claimed)
                     if outcome is not None and outcome["kind"] == "completed" and self._inbox.steered():
@@ -645,6 +675,7 @@ class Agent:
             )
             if self.checkpoint is not None:
                 await self.checkpoint.before_model_request(s)
+                self._checkpointed(turn, step.step, "model-request")
             try:
                 finish = await self._stream(turn, step, request)
                 break
@@ -811,6 +842,8 @@ class Agent:
                             await self.checkpoint.before_tool(s)
                         except Exception as exc:  # Cancelled is a BaseException: it propagates
                             flush_failure = exc
+                        else:
+                            self._checkpointed(turn, step.step, "tool", call["id"])
                     # The flush may have returned with a cancellation pending (the call
                     # contract delivers it at the next checkpoint): deliver it here,
                     # before any of the body runs.
