@@ -279,11 +279,15 @@ async def summarize(
     if all(is_blank(b["text"]) for b in summary):
         raise EmptySummaryError("summarization produced no text summary content")
     frozen_usage = freeze(usage) if usage is not None else None
+    # Reference §5.2: provider and model are recorded after any reroute (a
+    # MiddlewareProvider's stream says which request reached a provider).
+    dispatched = getattr(agen, "dispatched", None)
+    answered = dispatched if isinstance(dispatched, ModelRequest) else request
     return SummaryOutput(
         summary=tuple(_frozen(b) for b in summary),
         raw_output=tuple(_frozen(b) for b in raw_output),
-        provider=request.provider,
-        model=request.model,
+        provider=answered.provider,
+        model=answered.model,
         max_tokens=max_tokens,
         usage=frozen_usage if isinstance(frozen_usage, FrozenDict) else None,
         llm_stream_call=True,
