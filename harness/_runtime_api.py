@@ -28,7 +28,14 @@ from harness.agent._compaction import AgentCompaction
 from harness.agent._loop import AgentHandle, AgentLoop, Setup, open_agent_loop
 from harness.agent._tools import ToolSet
 from harness.errors import HarnessError
-from harness.persistence import Backend, JsonlBackend, Persistence, SqliteBackend, open_persistence
+from harness.persistence import (
+    Backend,
+    JsonlBackend,
+    OsFiles,
+    Persistence,
+    SqliteBackend,
+    open_persistence,
+)
 from harness.persistence._postgres_schema import is_postgres_url
 from harness.providers import ModelProvider
 from harness.runtime import SessionHandle, Store, Warnings, open_store
@@ -223,7 +230,18 @@ class Runtime:
         return self.store.warnings
 
 
-def _backend(root: str | os.PathLike[str] | None, backend: BackendName | Backend | None) -> Backend | None:
+def _backend(
+    root: str | os.PathLike[str] | None, backend: BackendName | Backend | None, files: OsFiles | None = None
+) -> Backend | None:
+    if files is not None:
+        if not isinstance(files, OsFiles):
+            raise RuntimeConfigError(f"files must be an OsFiles (a file layer), got {files!r}")
+        named = backend is None or (isinstance(backend, str) and backend in ("jsonl", "sqlite"))
+        if root is None or not named or is_postgres_url(root):
+            raise RuntimeConfigError(
+                "files applies to a JSONL or SQLite backend built here from a root; give it to your Backend instead"
+            )
+        return SqliteBackend(root, files=files) if backend == "sqlite" else JsonlBackend(root, files=files)
     if backend == "postgres" or (backend is None and is_postgres_url(root)):
         if not is_postgres_url(root):
             raise RuntimeConfigError(f'backend "postgres" needs a root "postgresql://…[#schema]" URL, got {root!r}')
@@ -287,6 +305,9 @@ async def open_runtime(
     write_delay: float = 0.2,
     owner_name: str = "runtime",
     shutdown_grace: float = 30.0,
+    checkpoint: bool = True,
+    prepared_session_cache_size: int = 5,
+    files: OsFiles | None = None,
 ) -> AsyncIterator[Runtime]:
     """Open a store, its persistence (unless in memory) and an agent loop, and a
     runtime-level :class:`~actors.Owner`, for the duration of the block.
@@ -314,6 +335,14 @@ async def open_runtime(
     pass a :class:`~harness.agent.ScriptedProvider`. ``compaction`` (an
     :class:`~harness.agent.AgentCompaction`) is installed on every agent.
 
+    ``checkpoint`` (default ``True``): the checkpoint policy (a flush before each model
+    request, tool body and step; docs/agent.md); ``False`` leaves durability to the
+    write-behind window, explicit flushes and teardown. ``prepared_session_cache_size``
+    bounds persistence's LRU of cold inspections (``open_persistence``). ``files``: the
+    file layer (an :class:`~harness.persistence.OsFiles`, e.g. a fault layer of
+    :mod:`harness.faults`) of a JSONL or SQLite backend built here from ``root``; with
+    a Backend instance or PostgreSQL it is a :class:`RuntimeConfigError`.
+
     ``invariants=True`` installs :class:`~harness.session.RelationalInvariants` on the
     store (every append checked before it commits, every loaded log replayed); pass
     ``False`` to skip, or your own validator factory.
@@ -336,7 +365,7 @@ async def open_runtime(
     validator = _validator(invariants)
     if root is not None and not isinstance(root, (str, os.PathLike)):
         raise RuntimeConfigError(f"root must be a path (a str or an os.PathLike), got {root!r}")
-    chosen = _backend(root, backend)
+    chosen = _backend(root, backend, files)
     if type(shutdown_grace) not in (int, float) or not shutdown_grace > 0:
         raise RuntimeConfigError(f"shutdown_grace must be a positive number of seconds, got {shutdown_grace!r}")
     if type(write_delay) not in (int, float) or not 0 <= write_delay < math.inf:
@@ -351,7 +380,9 @@ async def open_runtime(
             if is_postgres_url(root):  # built here from a URL: owned, closed after persistence
                 stack.push_async_callback(_close_backend, chosen)
             persistence = await stack.enter_async_context(
-                open_persistence(store, chosen, write_delay=write_delay)
+                open_persistence(
+                    store, chosen, write_delay=write_delay, prepared_session_cache_size=prepared_session_cache_size
+                )
             )
         loop = await stack.enter_async_context(
             open_agent_loop(
@@ -359,6 +390,7 @@ async def open_runtime(
                 provider=provider,
                 tools=tools,
                 persistence=persistence,
+                checkpoint=checkpoint,
                 system=system,
                 max_tokens=max_tokens,
                 compaction=compaction,

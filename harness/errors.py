@@ -478,6 +478,20 @@ class EmptySummaryError(SummaryError):
     code = "COMPACTION_EMPTY_SUMMARY"
 
 
+class SummaryContentError(SummaryError):
+    """A :class:`~harness.compaction.SummaryOutput` that is not well formed (e.g.
+    marked ``llm_stream_call`` without ``raw_output``): a summarizer's bug."""
+
+    code = "COMPACTION_SUMMARY_INVALID"
+
+
+class UnsupportedSummaryContentError(SummaryError):
+    """The summary holds content a checkpoint cannot carry: an image (anywhere, also
+    nested in a tool result) or a ``tool-result`` block (reference §5.2)."""
+
+    code = "UNSUPPORTED_CONTENT"
+
+
 class SummaryCancelledError(SummaryError):
     """The summarizer was cancelled (its caller left); the bracket closed with this as
     its error. A caller that cancelled gets ``trio.Cancelled``, not this."""
@@ -638,6 +652,7 @@ __all__ = [
     "StorageRowError",
     "StoreError",
     "SummaryError",
+    "SummaryContentError",
     "SummaryNotSmallerError",
     "SummaryTargetError",
     "SummaryTruncatedError",
@@ -647,6 +662,7 @@ __all__ = [
     "ToolPairingError",
     "ToolResultPruneConfigError",
     "UnsafeStoragePathError",
+    "UnsupportedSummaryContentError",
     "WriterWedgedError",
     "ZstdUnavailableError",
 ]

@@ -313,7 +313,8 @@ async def test_follow_ups_wait_for_manual_compaction_and_see_the_checkpoint(
         async with trio.open_nursery() as nursery:
             nursery.start_soon(compaction.compact_now, agent)
             await trio.sleep(1)
-            await agent.send("after the compaction")
+            nursery.start_soon(agent.send, "after the compaction")  # waits for the maintenance to end
+            await trio.sleep(1)
             await agent.send("inject me", delivery="inject")
             await trio.sleep(1)
             assert agent.phase == "maintenance" and not of_type(agent.session, "turn/start")[2:]
@@ -326,6 +327,17 @@ async def test_follow_ups_wait_for_manual_compaction_and_see_the_checkpoint(
         assert any(first_seq(s, "compaction/start") < seq < end for seq in spliced)
         inside = [x for x in of_type(s, "user/message") if first_seq(s, "compaction/start") < x[0] < end]
         assert [x[2]["source"]["kind"] for x in inside] == ["plugin"]  # only the checkpoint
+        # The follow-up's record is written after the bracket, not inside it (§7.1).
+        start = first_seq(s, "compaction/start")
+        assert [d["target"] for seq, t, d in log_of(s) if t == "agent/inbox/spliced" and start < seq < end] == [
+            "next-step"
+        ]
+        (follow_up,) = [
+            seq
+            for seq, t, d in log_of(s)
+            if t == "agent/inbox/spliced" and [m["content"][0]["text"] for m in d["inserted"]] == ["after the compaction"]
+        ]
+        assert follow_up > end
         request = agent.provider.requests[-1]  # type: ignore[attr-defined]
         texts = [m["content"][0]["text"] for m in request.messages]
         assert texts[0].startswith(PREAMBLE) and texts[-2:] == ["after the compaction", "inject me"]
@@ -582,3 +594,82 @@ async def test_pending_work_rebuilt_from_the_log_waits_for_a_waking_send() -> No
         await resumed.wait_idle()
         assert len(of_type(agent.session, "turn/start")) == 2  # not started by maintenance's end
         assert [m["content"][0]["text"] for m in resumed.inbox["next-turn"]] == ["pending follow-up"]  # type: ignore[index]
+
+
+class CountingCatalog(ModelCatalog):
+    def __init__(self) -> None:
+        super().__init__({("scripted", "scripted-1"): 2000})
+        self.lookups: list[tuple[str, str]] = []
+
+    async def resolve_model_info(self, provider: str, model: str) -> ModelInfo:
+        # A remote catalog would send its request here, before any checkpoint.
+        self.lookups.append((provider, model))
+        return await super().resolve_model_info(provider, model)
+
+
+async def test_a_step_already_cancelled_does_not_look_up_model_info() -> None:
+    # Reference §6.3: "If the signal is already aborted, go straight to next()".
+    async with agent_on(replies(3)) as (agent, _, summarizer):
+        catalog = CountingCatalog()
+        compaction = AgentCompaction(load_basic_compaction_config({}), models=catalog, summary_provider=summarizer)
+        for remove in list(agent.hooks.pre_step):
+            agent.hooks.pre_step.remove(remove)
+        compaction.install(agent)
+        await agent.run_turn("hi")
+        await agent.run_turn("hi")  # routed now: the second step looks the model up
+        assert catalog.lookups
+        catalog.lookups.clear()
+
+        async def cancel_first(context: Any) -> None:
+            context.agent.cancel("user")
+
+        agent.hooks.pre_step.insert(0, cancel_first)
+        result = await agent.run_turn("hi")
+        assert result.kind == "aborted"
+        assert catalog.lookups == []
+
+
+def test_a_send_waiting_for_maintenance_under_a_cancellation_at_every_step() -> None:
+    # harness.faults: a follow-up sent during maintenance, its caller cancelled at every
+    # scheduler step. Either it is recorded after the maintenance ended and queued, or
+    # it was cancelled and nothing of it is anywhere (the log and the inbox agree).
+    from harness.faults import Probe, explore
+
+    async def scenario(probe: Probe) -> None:
+        async with open_store() as store, trio.open_nursery() as nursery:
+            s = await store.create()
+            agent = Agent(s, ScriptedProvider([[Say("r")]]), nursery=None)
+            release = trio.Event()
+            ended: list[int] = []
+
+            async def task() -> None:
+                await release.wait()
+                ended.append(s.seq)
+
+            nursery.start_soon(agent.run_maintenance, task)
+            await trio.testing.wait_all_tasks_blocked()
+            sent: list[str] = []
+            with trio.CancelScope() as caller:
+                probe.canceller("caller", caller.cancel)
+                probe.arm()
+
+                async def send() -> None:
+                    sent.append(await agent.send("later"))
+
+                try:
+                    async with trio.open_nursery() as inner:
+                        inner.start_soon(send)
+                        await trio.testing.wait_all_tasks_blocked()
+                        release.set()
+                finally:
+                    release.set()
+            probe.disarm()
+            await agent.wait_idle()
+            records = [e for e in s.events if e.type == "agent/inbox/spliced"]
+            probe.check(all(e.seq >= ended[0] for e in records) if ended else not records, "a record inside maintenance")
+            probe.check(len(records) == len(sent), "the log and the send's outcome disagree")
+            probe.check(len(agent.inbox["next-turn"]) == len(sent), "the inbox and the send's outcome disagree")
+
+    report = explore(scenario, name="deferred-send")
+    assert report.ok, report.distinct()
+    assert report.steps["caller"] >= 3

@@ -18,8 +18,10 @@ from harness.errors import (
     CompactionError,
     CompactionSummaryFailedError,
     SessionNotLiveError,
+    SummaryContentError,
     SummaryNotSmallerError,
     SurfaceChangedError,
+    UnsupportedSummaryContentError,
 )
 from harness.persistence import JsonlBackend, open_persistence
 from harness.runtime import SessionHandle, open_store
@@ -122,7 +124,7 @@ async def test_an_automatic_compaction_commits_summary_checkpoint_and_end() -> N
         assert thaw(start.data) == {"compactionId": cid, "turn": 3}
         data = thaw(summary.data)
         assert list(data) == [
-            "compactionId", "summary", "rawOutput", "llmStreamCall", "shadowedRange",
+            "compactionId", "summary", "rawOutput", "shadowedRange",
             "shadowedSeqs", "shadowedTokenCount", "provider", "model", "maxTokens",
         ]
         assert data["shadowedRange"] == {"start": seqs[0], "end": seqs[3]} and data["shadowedSeqs"] == seqs[:4]
@@ -293,3 +295,76 @@ async def test_a_crashed_session_actor_never_leaves_a_compaction_caller_waiting(
 
         error = await compact_while(s, seqs[0], seqs[1], crash, catch=(SessionNotLiveError,))
         assert "ended during compaction" in str(error)
+
+
+# -- issue 24 §4: the summarizer's output as the reference records it --------------------
+
+
+class Output:
+    """A summarizer returning exactly the output it is given."""
+
+    def __init__(self, output: SummaryOutput) -> None:
+        self.output = output
+
+    async def __call__(self, inp: SummarizationInput) -> SummaryOutput:
+        await trio.lowlevel.checkpoint()
+        return self.output
+
+
+async def test_absent_summarizer_fields_stay_absent_in_the_summary_event() -> None:
+    # Reference §1.1: provenance, provider, model, maxTokens and usage each "only when defined".
+    async with open_store() as store:
+        s = await store.create("s")
+        seqs = await conversation(s, 2, open_turn=True)
+        block = freeze({"type": "text", "text": "- short"})
+        await s.compact_region(seqs[0], seqs[3], summarizer=Output(SummaryOutput(summary=(block,))))  # type: ignore[arg-type]
+        (summary,) = [e for e in s.events if e.type == "compaction/summary"]
+        assert list(thaw(summary.data)) == [
+            "compactionId", "summary", "shadowedRange", "shadowedSeqs", "shadowedTokenCount",
+        ]
+
+
+async def test_raw_output_without_the_marker_records_no_llm_stream_call() -> None:
+    async with open_store() as store:
+        s = await store.create("s")
+        seqs = await conversation(s, 2, open_turn=True)
+        block = freeze({"type": "text", "text": "- short"})
+        output = SummaryOutput(summary=(block,), raw_output=(block,), model="m")  # type: ignore[arg-type]
+        await s.compact_region(seqs[0], seqs[3], summarizer=Output(output))
+        (summary,) = [e for e in s.events if e.type == "compaction/summary"]
+        data = thaw(summary.data)
+        assert "llmStreamCall" not in data and data["rawOutput"] == [{"type": "text", "text": "- short"}]
+        assert data["model"] == "m" and "provider" not in data and "maxTokens" not in data
+
+
+def test_an_output_marked_llm_stream_call_needs_raw_output() -> None:
+    block = freeze({"type": "text", "text": "- short"})
+    with pytest.raises(SummaryContentError):
+        SummaryOutput(summary=(block,), llm_stream_call=True)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "summary, raw",
+    [
+        ([{"type": "text", "text": "- s"}, {"type": "image", "attachment": "a"}], None),
+        ([{"type": "text", "text": "- s"}], [{"type": "tool-result", "toolCallId": "c", "content": [{"type": "image", "attachment": "a"}]}]),
+        ([{"type": "text", "text": "- s"}, {"type": "tool-result", "toolCallId": "c", "content": []}], None),
+    ],
+    ids=["image", "nested-image", "tool-result"],
+)
+async def test_image_and_tool_result_content_is_unsupported(summary: list[Any], raw: list[Any] | None) -> None:
+    # Reference §5.2: an image anywhere, also nested in a tool result, is UNSUPPORTED_CONTENT.
+    async with open_store() as store:
+        s = await store.create("s")
+        seqs = await conversation(s, 2, open_turn=True)
+        surface = s.surface()
+        output = SummaryOutput(
+            summary=tuple(freeze(b) for b in summary),  # type: ignore[misc]
+            raw_output=None if raw is None else tuple(freeze(b) for b in raw),  # type: ignore[misc]
+        )
+        with pytest.raises(UnsupportedSummaryContentError) as info:
+            await s.compact_region(seqs[0], seqs[3], summarizer=Output(output))
+        assert info.value.code == "UNSUPPORTED_CONTENT"
+        assert s.surface() == surface
+        assert [e.type for e in s.events][-2:] == ["compaction/start", "compaction/end"]
+        assert thaw(list(s.events)[-1].data)["error"].startswith("compaction summary cannot contain")

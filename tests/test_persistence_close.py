@@ -289,3 +289,38 @@ async def test_one_failed_final_write_is_tried_again_and_nothing_is_lost(tmp_pat
             await p.aclose()
     assert close_reports(reports) == [] and on_disk(tmp_path, "a") == [0, 1, 2]
     assert calls == ["a", "a"]  # the failed try, the second try
+
+
+async def test_close_waits_for_a_detached_public_append(tmp_path: Path) -> None:
+    # Reference §2.10: dispose waits until every per-id chain is empty, detached public
+    # appends included, before the backend is closed (issue 24 §4).
+    import threading
+
+    import trio.testing
+
+    go = threading.Event()
+    order: list[str] = []
+
+    class Held(JsonlBackend):
+        def materialize(self, header: Any, records: Any, *, lease: Any = None) -> None:
+            go.wait()
+            super().materialize(header, records, lease=lease)
+            order.append("append committed")
+
+    backend = Held(tmp_path)
+    header = {"version": 0, "id": "s", "createdAt": 1}
+    record = {"type": "session/end-seed", "seq": 0, "time": 1, "data": {}}
+    async with trio.open_nursery() as outer, open_store() as store:
+        async with open_persistence(store, backend) as p:
+            await p.create(header)
+            outer.start_soon(p.append, "s", [record])  # detached: another task's call
+            await trio.testing.wait_all_tasks_blocked()
+
+            async def release() -> None:
+                await trio.testing.wait_all_tasks_blocked()  # the close is waiting
+                order.append("released")
+                go.set()
+
+            outer.start_soon(release)
+        order.append("persistence closed")
+    assert order == ["released", "append committed", "persistence closed"]

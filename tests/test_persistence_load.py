@@ -353,39 +353,73 @@ def test_load_with_a_failing_file_step(tmp_path: Path, kind: str) -> None:
     assert all(n > 0 for n in report.steps.values()), report.steps
 
 
-async def test_an_id_that_becomes_live_during_a_cold_load_is_loaded_live(tmp_path: Path) -> None:
+@pytest.mark.parametrize("kind", KINDS)
+async def test_a_live_create_while_a_cold_load_holds_the_id_is_refused(tmp_path: Path, kind: str) -> None:
+    # Reference §2.4: a preparation entry (a cold load reading and repairing) owns the
+    # id; a live creation of it is vetoed with "persisted state already owns this identity".
     import threading
 
-    write_open_turn(tmp_path, "jsonl")
-    backend = JsonlBackend(tmp_path / "jsonl")
-    async with open_store() as store, open_persistence(store, backend) as p:
-        repaired = [thaw(e) for e in (await p.inspect(SID)).events]
-    reading, release = threading.Event(), threading.Event()
-    load = backend.load
+    from harness.errors import SessionLockedError
+
+    write_open_turn(tmp_path, kind)
+    backend = plain_backend(tmp_path, kind)
+    inside, go = threading.Event(), threading.Event()
+    real_load = backend.load
 
     def held_load(session_id: str) -> Any:
-        reading.set()
-        release.wait(10)
-        return load(session_id)
+        inside.set()
+        go.wait()
+        return real_load(session_id)
 
     backend.load = held_load  # type: ignore[method-assign]
-    async with open_store() as store, open_persistence(store, backend) as p:
-        got: list[Any] = []
+    try:
+        async with open_store() as store, open_persistence(store, backend) as p:
+            loaded: list[Any] = []
+            async with trio.open_nursery() as n:
 
-        async def loader() -> None:
-            got.append(await p.load(SID))
+                async def load() -> None:
+                    loaded.append(await p.load(SID))
 
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(loader)
-            await trio.to_thread.run_sync(reading.wait)
-            # The cold load is reading: a live session with the id is created meanwhile.
-            live = await store.create(SID, cwd="/w", seed=repaired)
-            release.set()
-        # The load then took the live path: flushed, and returned the live log.
-        assert [e.type for e in got[0].events] == [e.type for e in live.events]  # ends with its end-seed
-        assert types(stored(tmp_path, "jsonl")[0]) == [*types(repaired), "session/end-seed"]
-        await store.detach(live)
-        await p.wait_retired(SID)
-        # No ownerless state was left behind by the load that lost the race.
-        with pytest.raises(SessionLogExistsError, match=r"load/resume it instead of creating$"):
-            await p.create({"version": 0, "id": SID, "createdAt": 1, "cwd": "/w"})
+                n.start_soon(load)
+                await trio.to_thread.run_sync(inside.wait)
+                try:
+                    with pytest.raises(SessionLockedError, match=r'^cannot publish session "s": persisted state already owns this identity$'):
+                        await store.create(SID, cwd="/w")
+                finally:
+                    go.set()
+            assert await store.get(SID) is None  # nothing was published
+            # The load completed as if nothing had happened: repaired, the id ownerless.
+            assert [e.type for e in loaded[0].events][4:7] == CLOSERS
+            assert types(stored(tmp_path, kind)[0])[4:] == CLOSERS
+    finally:
+        close_backend(backend)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_prepare_sees_what_was_appended_after_its_repair_commit(tmp_path: Path, kind: str) -> None:
+    # Reference §2.7: "after any repair commit the source is discarded and the log
+    # re-read". A writer that ignores the lease (e.g. another build sharing the
+    # database) appends right after the repair commit: the prepared session has it.
+    write_open_turn(tmp_path, kind)
+    backend = plain_backend(tmp_path, kind)
+    real_commit = backend.commit_repair
+
+    def commit_then_append(session_id: str, truncate_to: Any, closers: Any, *, lease: Any) -> None:
+        real_commit(session_id, truncate_to, closers, lease=lease)
+        n = len(backend.load(session_id).records)
+        late = {"type": "user/message", "seq": n, "time": 99, "data": user("late"), "surfaceOp": "append"}
+        backend.append(session_id, [late], lease=lease)
+
+    backend.commit_repair = commit_then_append  # type: ignore[method-assign]
+    try:
+        async with open_store() as store, open_persistence(store, backend) as p:
+            prep = await p.prepare(SID)
+            try:
+                events = list(prep.session.events)
+                assert [e.type for e in events][4:] == [*CLOSERS, "user/message", "session/end-seed"]
+                assert thaw(events[7].data)["id"] == "late"
+                assert prep.cursor == 8 and prep.repaired == 3
+            finally:
+                await prep.dispose()
+    finally:
+        close_backend(backend)

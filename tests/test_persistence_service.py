@@ -355,3 +355,51 @@ async def test_a_live_session_adopts_a_stored_log_its_seed_continues(tmp_path: P
                     'session "h" already has a persisted log on disk that does not match this live '
                     "session (id collision)"
                 )
+
+
+@pytest.mark.parametrize("kind", ["jsonl", "sqlite"])
+async def test_a_stale_append_gets_the_stale_writer_refusal_not_a_seq_mismatch(tmp_path: Path, kind: str) -> None:
+    # Issue 24 §4: another process appended since this persistence's last append;
+    # a batch continuing the stored log (seq 3) must be refused as stale, with the
+    # storage-level refusal, not the generic PERSISTENCE_ERROR of a caller's mismatch.
+    def backend() -> Any:
+        return JsonlBackend(tmp_path) if kind == "jsonl" else SqliteBackend(tmp_path / "db.sqlite")
+
+    a, b = backend(), backend()
+    try:
+        async with open_store() as store, open_persistence(store, a) as pa:
+            await pa.create(meta())
+            await pa.append("s", [ev(0), ev(1)])
+            async with open_store() as other, open_persistence(other, b) as pb:
+                await pb.append("s", [ev(2)])  # adopted from storage, continued
+            with pytest.raises(SessionLogExistsError, match="another process wrote it") as info:
+                await pa.append("s", [ev(3)])
+            assert info.value.code == "SESSION_LOG_EXISTS"
+            assert [e["seq"] for e in await pa.read_from("s", 0)] == [0, 1, 2]
+    finally:
+        for x in (a, b):
+            if isinstance(x, SqliteBackend):
+                x.close()
+
+
+@pytest.mark.parametrize("kind", ["jsonl", "sqlite"])
+async def test_list_snapshots_carry_the_revision_and_read_from_can_return_the_meta(tmp_path: Path, kind: str) -> None:
+    # Reference §2.7/§2.8: every stored read carries the revision of exactly those
+    # bytes; readFrom's caller may want the header too (issue 24 §4).
+    backend = JsonlBackend(tmp_path) if kind == "jsonl" else SqliteBackend(tmp_path / "db.sqlite")
+    try:
+        async with open_store() as store, open_persistence(store, backend) as p:
+            await p.create(meta(cwd="/w"))
+            await p.append("s", [ev(0), ev(1)])
+            (snap,) = await p.list_snapshots()
+            assert snap.revision is not None and snap.revision == backend.revision("s")
+            view = await p.read_from("s", 1, with_meta=True)
+            assert view.meta["id"] == "s" and view.meta["cwd"] == "/w" and view.meta["createdAt"] == 5
+            assert [e["seq"] for e in view.events] == [1] and view.revision == snap.revision
+            assert [e["seq"] for e in await p.read_from("s", 1)] == [1]  # the plain form is unchanged
+            await p.append("s", [ev(2)])
+            (moved,) = await p.list_snapshots()
+            assert moved.revision == backend.revision("s") != snap.revision
+    finally:
+        if isinstance(backend, SqliteBackend):
+            backend.close()

@@ -203,6 +203,9 @@ async def test_preparation_that_finishes_late_is_disposed_at_shutdown(tmp_path: 
     # the loop's shutdown waited for it and the late result was disposed (inside
     # prepare: it never reached the loop, so the loop counts nothing).
     assert loop.stats == {"prepared": 0, "published": 0, "disposed": 0}
+    # The persistence's public record observes it: prepared late, then disposed.
+    record = p.preparations
+    assert (record.prepared, record.published, record.disposed, record.outstanding) == (1, 0, 1, 0)
     async with stack(tmp_path) as (_store, p, loop):
         prep = await p.prepare("s1")  # its lock was released
         await prep.dispose()
@@ -249,7 +252,11 @@ async def test_setup_runs_before_publication_and_its_failure_unwinds(tmp_path: P
             await loop.resume("s1", owner=owner, setup=failing)
         assert await store.list() == [] and loop.list() == []
         assert loop.stats["prepared"] == loop.stats["published"] + loop.stats["disposed"]
+        # The persistence's own public record agrees (issue 24 §4).
+        record = p.preparations
+        assert (record.prepared, record.published, record.disposed, record.outstanding) == (2, 1, 1, 0)
         prep = await p.prepare("s1")  # nothing leaked: the lock is free
+        assert p.preparations.outstanding == 1
         await prep.dispose()
 
 

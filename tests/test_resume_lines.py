@@ -247,7 +247,8 @@ async def test_an_open_turn_falls_back_and_is_closed(tmp_path: Path) -> None:
     path = _write(tmp_path, records)
     backend = _Counting(tmp_path)
     session, cursor = await _prepare(tmp_path, backend)
-    assert backend.calls == ["load_lines", "load"]
+    # The general reader, then (reference §2.7) the re-read after the repair commit.
+    assert backend.calls == ["load_lines", "load", "load"]
     types = [orjson.loads(line)["type"] for line in path.read_bytes().splitlines()[1:]]
     assert types[3:] == ["tool/result", "step/end", "turn/end"] and cursor == 6
     assert [e.type for e in session.events][3:] == ["tool/result", "step/end", "turn/end", "session/end-seed"]
@@ -279,7 +280,7 @@ async def test_an_unparsable_line_is_left_to_the_reading_rules(tmp_path: Path) -
         f.write(b"{broken\n" + orjson.dumps(rec("user/message", 2, user("u2"), surfaceOp="append")) + b"\n")
     backend = _Counting(tmp_path)
     session, cursor = await _prepare(tmp_path, backend)
-    assert backend.calls == ["load_lines", "load"] and cursor == 1 and session.seq == 2
+    assert backend.calls == ["load_lines", "load", "load"] and cursor == 1 and session.seq == 2
     assert len(path.read_bytes().splitlines()) == 2
 
 
@@ -382,7 +383,7 @@ async def test_a_zstd_log_takes_the_fast_path_and_a_torn_frame_falls_back(tmp_pa
         f.write(b"\x28\xb5\x2f\xfd\x00")  # a frame's magic and no more
     backend = _counting_zstd(tmp_path)
     session, cursor = await _prepare(tmp_path, backend)
-    assert backend.calls == ["load_lines", "load"] and cursor == 30
+    assert backend.calls == ["load_lines", "load", "load"] and cursor == 30
 
 
 @settings(max_examples=200, deadline=None)

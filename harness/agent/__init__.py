@@ -27,6 +27,9 @@ from harness.agent._commands import (
 from harness.agent._compaction import AgentCompaction, Reason, routed_target
 from harness.agent._hooks import (
     AgentHooks,
+    CheckpointContext,
+    CheckpointListener,
+    CheckpointPoint,
     PreStepHook,
     RequestErrorContext,
     RequestErrorHook,
@@ -86,6 +89,9 @@ __all__ = [
     "AgentSetupAbortedError",
     "AgentStatusListener",
     "Call",
+    "CheckpointContext",
+    "CheckpointListener",
+    "CheckpointPoint",
     "Command",
     "CommandError",
     "CommandHandler",

@@ -12,7 +12,15 @@ import orjson
 import trio
 
 from actors import ActorError
-from harness.agent._hooks import AgentHooks, RequestErrorContext, Retry, Status, StepContext
+from harness.agent._hooks import (
+    AgentHooks,
+    CheckpointContext,
+    CheckpointPoint,
+    RequestErrorContext,
+    Retry,
+    Status,
+    StepContext,
+)
 from harness.agent._inbox import Inbox, Target, splice_draft
 from harness.agent._tools import ToolSet
 from harness.errors import HarnessError
@@ -166,6 +174,7 @@ class Agent:
         # The inbox survives a resume: it is folded back from its splice records.
         self._inbox = Inbox.rebuild(session.events)
         self._inbox_lock = trio.Lock()
+        self._waking_lock = trio.Lock()  # FIFO order of follow-ups and steers
         self._driver: trio.Event | None = None  # set when the running driver exits
         self._parked = False  # a cancel parks queued work until the next waking send
         # A waking send arrived while a turn or maintenance ran: start the driver when
@@ -254,11 +263,14 @@ class Agent:
         one more step for it), or starts a turn when idle. ``inject``: delivered at the
         next step of whatever turn runs next; it does not wake the agent. The first two
         wake an idle agent: its driver runs turns (in the loop's nursery) while queued
-        work remains; during maintenance they wait until it ends.
+        work remains. During maintenance (manual compaction) a follow-up or steer is
+        recorded only once it ends, so this call waits for it (in FIFO order); an
+        inject is recorded at once (log-only, it reaches the surface at the next step).
 
         The queue change is one durable ``agent/inbox/spliced`` record.
 
-        Cancellation: cancelled before the record was appended, nothing is queued.
+        Cancellation: cancelled before the record was appended (also while waiting
+        for maintenance to end), nothing is queued.
         """
         if self.disposed:
             raise AgentDisposedError(f'agent "{self.id}" is disposed', session_id=self.id)
@@ -266,16 +278,67 @@ class Agent:
             raise AgentArgumentError(f'agent send delivery must be "follow-up", "steer" or "inject", got {delivery!r}')
         message = _user_message(text)
         target: Target = "next-turn" if delivery == "follow-up" else "next-step"
+        if delivery == "inject":
+            await self._record_send(target, message, delivery)
+            return str(message["id"])
+        # A waking send during maintenance is recorded after it (reference §7.1: it
+        # runs after the bracket's end, flush and release, and nothing of it is written
+        # inside the bracket); the lock keeps such sends in their FIFO order. A send
+        # from the maintenance task itself cannot wait for its own end.
+        if (self._phase == "maintenance" and not self.in_turn()) or self._waking_lock.locked():
+            async with self._waking_lock:
+                while self._phase == "maintenance" and not self.in_turn():
+                    await self._idle.wait()
+                if self.disposed:
+                    raise AgentDisposedError(f'agent "{self.id}" is disposed', session_id=self.id)
+                await self._record_send(target, message, delivery)
+        else:
+            await self._record_send(target, message, delivery)
+        self._parked = False
+        self._wake()
+        return str(message["id"])
+
+    def inject_nowait(self, text: str) -> str:
+        """Queue an ``inject`` message synchronously (no checkpoint); return its id.
+
+        As ``send(text, delivery="inject")``: delivered at the next step of whatever
+        turn runs next, it does not wake the agent. The message is queued now and its
+        ``agent/inbox/spliced`` record is sent to the session actor without waiting
+        (:meth:`SessionHandle.append_nowait`, in order with every later append). When
+        another inbox change is being recorded at this moment, the record is written
+        right after it, by a task in the agent's nursery (FIFO with other sends).
+
+        Raises :class:`AgentDisposedError`, ``SessionNotLiveError`` (stale session), and
+        :class:`AgentBusyError` when a record is in flight and the agent has no nursery
+        to defer to (then nothing is queued).
+        """
+        if self.disposed:
+            raise AgentDisposedError(f'agent "{self.id}" is disposed', session_id=self.id)
+        message = _user_message(text)
+        if self._inbox_lock.locked():
+            if self._nursery is None:
+                raise AgentBusyError(
+                    f'agent "{self.id}": an inbox change is being recorded; use await send(..., delivery="inject")',
+                    session_id=self.id,
+                )
+            self._nursery.start_soon(self._record_send, "next-step", message, "inject")
+            return str(message["id"])
+        queue = self._inbox.queues["next-step"]
+        # No inbox record is in flight (the lock is free): this one is next, at the
+        # queue's current end, in memory and in the actor's order alike.
+        self.session.append_nowait(*_as_append(splice_draft("next-step", len(queue), 0, [message])))
+        self._inbox.apply("next-step", len(queue), 0, [message])
+        return str(message["id"])
+
+    async def _record_send(self, target: Target, message: dict[str, Any], delivery: Delivery) -> None:
+        """Append the send's ``agent/inbox/spliced`` record and queue the message.
+        Cancellation: cancelled before the record was appended, nothing is queued."""
         async with self._inbox_lock:
             queue = self._inbox.queues[target]
             await self.session.append(*_as_append(splice_draft(target, len(queue), 0, [message])))
             self._inbox.apply(target, len(queue), 0, [message])
             if delivery == "steer":
                 self._inbox.waking.add(message["id"])
-        if delivery != "inject":
-            self._parked = False
-            self._wake()
-        return str(message["id"])
 
     async def clear_inbox(self) -> int:
         """Drop every queued message (one ``agent/inbox/spliced {outcome: canceled}``
@@ -449,6 +512,27 @@ class Agent:
             if prompt is not None:
                 self._wake_latched()  # work sent while a direct turn ran
 
+    def _checkpointed(self, turn: int, step: int, point: CheckpointPoint, call_id: str | None = None) -> None:
+        """Tell the checkpoint listeners that a checkpoint flush completed."""
+        if not self.hooks.checkpoint:
+            return
+        context = CheckpointContext(self, turn, step, point, call_id, self.session.seq)
+        for listener in list(self.hooks.checkpoint):
+            try:
+                result: object = listener(context)
+                if result is not None:
+                    refuse_awaitable("agent/checkpoint", listener, result)
+            except Exception as exc:
+                self.session.store.warnings.report(
+                    log,
+                    "listener-failed",
+                    "agent/checkpoint",
+                    f'agent "{self.id}": a checkpoint listener failed: {exc!r}',
+                    session_id=self.id,
+                    error=exc,
+                    level=logging.ERROR,
+                )
+
     def _notify(self, status: Status) -> None:
         for listener in list(self.hooks.status):
             try:
@@ -514,6 +598,7 @@ class Agent:
                         await hook(StepContext(self, turn, step.step, tuple(cast(FrozenDict, freeze(m)) for m in claimed)))
                     if self.checkpoint is not None:
                         await self.checkpoint.at_step_boundary(self.session)
+                        self._checkpointed(turn, step.step, "step")
                     steps.append(step)
                     outcome = await self._run_step(turn, step, claimed)
                     if outcome is not None and outcome["kind"] == "completed" and self._inbox.steered():
@@ -590,6 +675,7 @@ class Agent:
             )
             if self.checkpoint is not None:
                 await self.checkpoint.before_model_request(s)
+                self._checkpointed(turn, step.step, "model-request")
             try:
                 finish = await self._stream(turn, step, request)
                 break
@@ -756,6 +842,8 @@ class Agent:
                             await self.checkpoint.before_tool(s)
                         except Exception as exc:  # Cancelled is a BaseException: it propagates
                             flush_failure = exc
+                        else:
+                            self._checkpointed(turn, step.step, "tool", call["id"])
                     # The flush may have returned with a cancellation pending (the call
                     # contract delivers it at the next checkpoint): deliver it here,
                     # before any of the body runs.

@@ -290,6 +290,8 @@ class AgentCompaction:
     async def _on_pre_step(self, context: StepContext) -> None:
         """Pressure before every step; never fails the step (errors are warnings)."""
         agent = context.agent
+        if _cancelled(agent):
+            return  # §6.3: an aborted step goes straight on, without a model-info lookup
         try:
             result = await self.compact_if_needed(agent, "pressure")
         except TargetPressureConfigError as exc:
@@ -305,9 +307,9 @@ class AgentCompaction:
     async def _on_request_error(self, context: RequestErrorContext) -> Retry | None:
         """Context-overflow recovery: compact, and retry the request in the same step
         only when the surface provably changed (the replace generation advanced)."""
-        if context.error.code != "CONTEXT_WINDOW_EXCEEDED":
-            return None
         agent = context.agent
+        if context.error.code != "CONTEXT_WINDOW_EXCEEDED" or _cancelled(agent):
+            return None
         s = agent.session
         target = routed_target(s.request_header())
         if target is None:
@@ -355,6 +357,12 @@ class AgentCompaction:
 
     def _count_overflow(self, agent: Agent) -> None:
         self._overflow[agent] = (self.overflow_retries(agent) + 1, _latest_assistant(agent.session))
+
+
+def _cancelled(agent: Agent) -> bool:
+    """Whether the step is already cancelled: by :meth:`Agent.cancel`, or by a Trio
+    scope around it whose cancellation has not reached a checkpoint yet."""
+    return agent.cancel_requested() or trio.current_effective_deadline() == float("-inf")
 
 
 def _latest_assistant(s: SessionHandle) -> int:

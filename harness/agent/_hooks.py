@@ -50,7 +50,26 @@ class Retry:
     send it again in the same step (no new step, no new turn)."""
 
 
+CheckpointPoint = Literal["step", "model-request", "tool"]
+
+
+@attrs.frozen
+class CheckpointContext:
+    """A checkpoint flush that completed (reference §4): at the ``step`` boundary, before
+    a ``model-request``, or before a ``tool`` body (``call_id`` names the call; ``None``
+    otherwise). ``durable_seq``: the session's length the flush covered (every event
+    before it is durable)."""
+
+    agent: Agent
+    turn: int
+    step: int
+    point: CheckpointPoint
+    call_id: str | None
+    durable_seq: int
+
+
 PreStepHook = Callable[[StepContext], Awaitable[None]]
+CheckpointListener = Callable[[CheckpointContext], None]
 RequestErrorHook = Callable[[RequestErrorContext], Awaitable["Retry | None"]]
 StatusListener = Callable[["Agent", Status], None]
 
@@ -83,6 +102,11 @@ class AgentHooks:
     * ``request_error``: awaited while the failed step is still open. The first hook
       that returns a decision ends the waterfall; a hook that raises counts as no
       retry (the error is logged). Not called for a cancelled request.
+    * ``checkpoint``: synchronous, called after each checkpoint flush of the agent's
+      checkpoint policy completed (:class:`CheckpointContext`: the step boundary,
+      before a model request, before a tool body — then before that body starts);
+      a failed flush calls nothing. A listener that raises is contained as a status
+      listener's (``agent/checkpoint``).
     * ``status``: synchronous, called when the agent becomes ``running`` or ``idle``; a
       listener that raises is contained (logged, and reported to the store's warnings
       channel as ``listener-failed`` from ``agent/status``). For every agent of a loop
@@ -93,6 +117,7 @@ class AgentHooks:
         self.pre_step: list[PreStepHook] = []
         self.request_error: list[RequestErrorHook] = []
         self.status: list[StatusListener] = []
+        self.checkpoint: list[CheckpointListener] = []
 
     def on_pre_step(self, hook: PreStepHook) -> Callable[[], None]:
         self.pre_step.append(hook)
@@ -101,6 +126,10 @@ class AgentHooks:
     def on_request_error(self, hook: RequestErrorHook) -> Callable[[], None]:
         self.request_error.append(hook)
         return _remover(self.request_error, hook)  # type: ignore[arg-type]
+
+    def on_checkpoint(self, listener: CheckpointListener) -> Callable[[], None]:
+        self.checkpoint.append(listener)
+        return _remover(self.checkpoint, listener)  # type: ignore[arg-type]
 
     def on_status(self, listener: StatusListener) -> Callable[[], None]:
         self.status.append(listener)

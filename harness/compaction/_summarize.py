@@ -7,14 +7,16 @@ the call in a cancel scope.
 
 Images: the reference rejects image output (``UNSUPPORTED_CONTENT``). Our
 :data:`~harness.providers.StreamChunk` union has no image chunk, so a reply here can
-hold only text, reasoning and tool calls; there is nothing to reject.
+hold only text, reasoning and tool calls; a custom summarizer's
+:class:`SummaryOutput` can, and :func:`check_output_content` refuses it before
+anything is committed.
 """
 
 from __future__ import annotations
 
 import unicodedata
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 import attrs
@@ -25,7 +27,13 @@ from harness.compaction._framing import (
     SUMMARIZER_PLUGIN,
     SummarizationInput,
 )
-from harness.errors import EmptySummaryError, SummaryTargetError, SummaryTruncatedError
+from harness.errors import (
+    EmptySummaryError,
+    SummaryContentError,
+    SummaryTargetError,
+    SummaryTruncatedError,
+    UnsupportedSummaryContentError,
+)
 from harness.providers import (
     Finish,
     ModelProvider,
@@ -123,15 +131,24 @@ class SummaryOutput:
     ``summary`` is the text blocks of the reply (the safe blocks); ``raw_output`` is
     every block the reply held, in stream order (text, reasoning, tool calls).
     ``usage`` is ``{inputTokens, outputTokens}`` when the provider reported it.
+
+    Every field but ``summary`` is optional, as in the reference: a field left
+    ``None`` is absent from ``compaction/summary`` (never written as ``null``).
+    ``llm_stream_call`` marks output that came from one streamed model request (the
+    default summarizer sets it); it needs ``raw_output``.
     """
 
     summary: tuple[FrozenDict, ...]
-    raw_output: tuple[FrozenDict, ...]
-    provider: str
-    model: str
-    max_tokens: int
+    raw_output: tuple[FrozenDict, ...] | None = None
+    provider: str | None = None
+    model: str | None = None
+    max_tokens: int | None = None
     usage: FrozenDict | None = None
-    llm_stream_call: bool = True
+    llm_stream_call: bool = False
+
+    def __attrs_post_init__(self) -> None:
+        if self.llm_stream_call and self.raw_output is None:
+            raise SummaryContentError("a summary output marked llm_stream_call must supply raw_output")
 
 
 # JavaScript's String.prototype.trim() whitespace: WhiteSpace (incl. BOM and Zs) plus
@@ -262,14 +279,46 @@ async def summarize(
     if all(is_blank(b["text"]) for b in summary):
         raise EmptySummaryError("summarization produced no text summary content")
     frozen_usage = freeze(usage) if usage is not None else None
+    # Reference §5.2: provider and model are recorded after any reroute (a
+    # MiddlewareProvider's stream says which request reached a provider).
+    dispatched = getattr(agen, "dispatched", None)
+    answered = dispatched if isinstance(dispatched, ModelRequest) else request
     return SummaryOutput(
         summary=tuple(_frozen(b) for b in summary),
         raw_output=tuple(_frozen(b) for b in raw_output),
-        provider=request.provider,
-        model=request.model,
+        provider=answered.provider,
+        model=answered.model,
         max_tokens=max_tokens,
         usage=frozen_usage if isinstance(frozen_usage, FrozenDict) else None,
+        llm_stream_call=True,
     )
+
+
+def _has_image(blocks: object) -> bool:
+    """An ``image`` block anywhere in ``blocks``, also nested in a tool result."""
+    stack = [blocks]
+    while stack:
+        value = stack.pop()
+        if isinstance(value, Mapping):
+            if value.get("type") == "image":
+                return True
+            stack.append(value.get("content"))
+        elif isinstance(value, Sequence) and not isinstance(value, str):
+            stack.extend(value)
+    return False
+
+
+def check_output_content(output: SummaryOutput) -> None:
+    """Refuse what a checkpoint cannot carry (reference §5.2): an image anywhere in
+    the output (also nested in a ``tool-result`` block), and a ``tool-result`` block
+    among the summary blocks (it would answer no call on the surface). Raises
+    :class:`~harness.errors.UnsupportedSummaryContentError` (``UNSUPPORTED_CONTENT``);
+    nothing is committed."""
+    if _has_image(output.summary) or _has_image(output.raw_output):
+        raise UnsupportedSummaryContentError("compaction summary cannot contain image output")
+    for block in output.summary:
+        if isinstance(block, Mapping) and block.get("type") == "tool-result":
+            raise UnsupportedSummaryContentError("compaction summary cannot contain tool-result blocks")
 
 
 def _frozen(block: dict[str, Any]) -> FrozenDict:

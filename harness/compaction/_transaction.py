@@ -227,15 +227,21 @@ def commit_drafts(
     if txn.source_command_id is not None:
         data["sourceCommandId"] = txn.source_command_id
     data["summary"] = [thaw(b) for b in output.summary]
-    data["rawOutput"] = [thaw(b) for b in output.raw_output]
-    if output.llm_stream_call:
-        data["llmStreamCall"] = True
+    # Provenance, then each optional field only when the summarizer supplied it
+    # (reference §1.1): an absent field stays absent, never null.
+    if output.raw_output is not None:
+        data["rawOutput"] = [thaw(b) for b in output.raw_output]
+        if output.llm_stream_call:
+            data["llmStreamCall"] = True
     data["shadowedRange"] = {"start": txn.start, "end": txn.end}
     data["shadowedSeqs"] = list(txn.shadowed_seqs)
     data["shadowedTokenCount"] = txn.shadowed_token_count
-    data["provider"] = output.provider
-    data["model"] = output.model
-    data["maxTokens"] = output.max_tokens
+    if output.provider is not None:
+        data["provider"] = output.provider
+    if output.model is not None:
+        data["model"] = output.model
+    if output.max_tokens is not None:
+        data["maxTokens"] = output.max_tokens
     if output.usage is not None:
         data["usage"] = thaw(output.usage)
     return [

@@ -13,6 +13,7 @@ from harness.persistence._backend import Backend, StoredLines, StoredLog, Writer
 from harness.persistence._checkpoint import CheckpointPolicy
 from harness.persistence._coordinator import (
     Persistence,
+    PreparationRecord,
     SessionPreparation,
     build_session,
     open_persistence,
@@ -31,6 +32,7 @@ __all__ = [
     "Persistence",
     "PostgresBackend",
     "PostgresSchemaError",
+    "PreparationRecord",
     "SessionInspection",
     "SessionPreparation",
     "SqliteBackend",

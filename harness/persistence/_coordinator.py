@@ -91,6 +91,7 @@ class SessionPreparation:
         lease, self._lease = self._lease, None
         assert lease is not None
         self.published = True
+        self._persistence._prep_counts[1] += 1
         self._released.set()
         return lease
 
@@ -104,6 +105,7 @@ class SessionPreparation:
         self.disposed = True
         persistence = self._persistence
         if not self.published:
+            persistence._prep_counts[2] += 1
             # Remembered while this preparation lives, so that the store's created
             # listener refuses its session too (not only publish()).
             persistence._disposed[id(self.session)] = self
@@ -118,6 +120,23 @@ class SessionPreparation:
             if persistence._reserved.get(self.id) is self:
                 del persistence._reserved[self.id]
             self._released.set()
+
+
+@attrs.frozen
+class PreparationRecord:
+    """How many preparations a :class:`Persistence` made (``prepared``), how many of
+    them were published (their session went live) and how many were disposed
+    unpublished; ``outstanding`` are the ones neither yet (held: their lock with
+    them). Once everything settled, ``prepared == published + disposed``: a late
+    preparation (its caller gone) is always disposed, never left holding its lock."""
+
+    prepared: int
+    published: int
+    disposed: int
+
+    @property
+    def outstanding(self) -> int:
+        return self.prepared - self.published - self.disposed
 
 
 @final
@@ -140,6 +159,7 @@ class Persistence(ServiceMixin):
         # long as the preparation (and so its session), so ids cannot be reused.
         self._disposed: weakref.WeakValueDictionary[int, SessionPreparation] = weakref.WeakValueDictionary()
         self._retiring: set[SessionWriter] = set()
+        self._prep_counts = [0, 0, 0]  # prepared, published, disposed unpublished
         # Failed retirements: only what a retry needs (not the session).
         self._leftovers: list[Leftover] = []
         # Retirement failures nothing can retry (a wedged write): reported by aclose.
@@ -155,6 +175,12 @@ class Persistence(ServiceMixin):
             store.add_pre_commit_hook(self._refuse_unreadable),
         ]
 
+    @property
+    def preparations(self) -> PreparationRecord:
+        """The public record of this persistence's preparations (a snapshot)."""
+        prepared, published, disposed = self._prep_counts
+        return PreparationRecord(prepared, published, disposed)
+
     # -- listeners -----------------------------------------------------------------------
 
     def _writer_for(self, handle: SessionHandle) -> SessionWriter:
@@ -167,6 +193,11 @@ class Persistence(ServiceMixin):
             raise PreparationDisposedError(
                 f'cannot publish session "{handle.id}": its preparation was disposed (its lock is released; '
                 "prepare the session again)",
+                session_id=handle.id,
+            )
+        if handle.id in self._cold_loads:
+            raise SessionLockedError(
+                f'cannot publish session "{handle.id}": persisted state already owns this identity',
                 session_id=handle.id,
             )
         reserved = self._reserved.get(handle.id)
@@ -506,6 +537,7 @@ class Persistence(ServiceMixin):
                         continue  # prepared, live or retiring meanwhile: look again
                     session, lease, cursor, repaired = await trio.to_thread.run_sync(self._prepare_sync, session_id)
                     prep = SessionPreparation(self, session, lease, cursor, repaired)
+                    self._prep_counts[0] += 1
                     result.append(prep)
                     self._reserved[session_id] = prep
                 break
@@ -531,13 +563,20 @@ class Persistence(ServiceMixin):
             if self.backend.revision(session_id) != stored.revision:
                 stored = self.backend.load(session_id)  # written meanwhile: read it again
             records, closers = self._check_and_repair(session_id, stored)
-            if stored.truncate_to is not None or closers:
+            repaired = 0
+            while stored.truncate_to is not None or closers:
                 self.backend.commit_repair(session_id, stored.truncate_to, closers, lease=lease)
-            records.extend(closers)
+                repaired += len(closers)
+                # Reference §2.7: after a repair commit the log is read again, so the
+                # session is built from what is stored now (the repair, and anything a
+                # writer that ignores the lease appended after it), never from the
+                # pre-repair read; a new open turn or torn tail is repaired in turn.
+                stored = self.backend.load(session_id)
+                records, closers = self._check_and_repair(session_id, stored)
             session = build_session(session_id, stored.header, records)
             cursor = len(records)
             records.clear()  # adopted by the session: drop the envelopes now
-            return session, lease, cursor, len(closers)
+            return session, lease, cursor, repaired
         except BaseException:
             lease.release()
             raise
@@ -759,12 +798,25 @@ class Persistence(ServiceMixin):
                     failures.append((leftover.id, exc))
             for prep in list(self._reserved.values()):
                 await prep.dispose()
+            await self._drain_chains()
             finished = True
         finally:
             # Reported even when cancelled half-way: a lost event is never silent.
             error = self._report_close_failures(failures, finished=finished)
         if error is not None:
             raise error from error.errors[0]
+
+    async def _drain_chains(self) -> None:
+        """Wait until no operation holds or waits for any id (reference §2.10: dispose
+        waits for every per-id chain, detached public appends included), so the backend
+        is not closed under a public ``append``, ``create`` or ``load`` still running in
+        another task. Each id is joined at the end of its FIFO queue; its entry goes
+        once nobody holds or waits for it. Cancellation: only this wait (the operations
+        finish on their own)."""
+        while self._chains:
+            for session_id in list(self._chains):
+                async with self._chain(session_id):
+                    pass
 
     async def _retire_at_close(self, writer: SessionWriter, failures: builtins.list[tuple[str, Exception]]) -> bool:
         """Retire ``writer``, trying its final write once more if it fails: after a

@@ -15,7 +15,7 @@ import logging
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Iterable, Sequence
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, overload
 
 import attrs
 import orjson
@@ -52,10 +52,15 @@ log = logging.getLogger("harness.persistence")
 class SessionInspection:
     """A read-only view of a session: its header record (``meta``) and its events as
     records (frozen). Cold: the stored events plus the crash-repair closers a load would
-    append (not written); no ``session/end-seed``. Live: the live log as it is."""
+    append (not written); no ``session/end-seed``. Live: the live log as it is.
+
+    ``revision``: the backend's revision of exactly the stored bytes (rows) this view
+    was read from (reference §2.7); ``None`` for a live session's view (its log may hold
+    events not written yet, which no stored revision describes)."""
 
     meta: FrozenDict
     events: tuple[FrozenDict, ...]
+    revision: str | None = None
 
 
 class _Loading:
@@ -150,6 +155,10 @@ class ServiceMixin:
         self._cache_size = 5
         self._inspections: OrderedDict[str, tuple[str, SessionInspection]] = OrderedDict()
         self._loading: dict[str, _Loading] = {}
+        # Ids a cold load is reading and repairing right now (reference §2.6: the
+        # preparation entry in its loading/committing phase): a live creation of one
+        # is vetoed, as the reference's "persisted state already owns this identity".
+        self._cold_loads: set[str] = set()
 
     def _configure_cache(self, size: object) -> None:
         if type(size) is not int or size <= 0:
@@ -326,6 +335,9 @@ class ServiceMixin:
                 self._states[session_id] = state
             for i, rec in enumerate(batch):
                 if rec["seq"] != state.cursor + i:
+                    # Our cursor may be stale (another process appended since): then
+                    # the storage's stale-writer refusal, not a seq mismatch of ours.
+                    await trio.to_thread.run_sync(self._refuse_if_moved, session_id, state)
                     raise PersistenceError(
                         f'append seq mismatch for "{session_id}": expected {state.cursor + i} at index {i}, '
                         f"got {rec['seq']}",
@@ -349,8 +361,12 @@ class ServiceMixin:
             fingerprint = Fingerprint()
             fingerprint.extend(records)
             fingerprint.extend(closers)
-            # Read under the lock, after any repair: exactly the log this state describes.
-            revision = self._revision_or_unknown(session_id)
+            # Read under the lock: exactly the log this state describes. After a repair
+            # commit it is unknown (reference §2.7: never pair a post-repair revision
+            # with the pre-repair read; a writer ignoring the lease may have appended
+            # since): the next write compares contents first.
+            repaired = stored.truncate_to is not None or bool(closers)
+            revision = None if repaired else self._revision_or_unknown(session_id)
             return _EnvelopeState(header_record(stored.header), fingerprint.count, True, fingerprint, revision)
         finally:
             lease.release()
@@ -400,6 +416,18 @@ class ServiceMixin:
         else:
             message = f'cannot append session "{session_id}": {changed}; nothing was written, load it again'
         raise SessionLogExistsError(message, session_id=session_id)
+
+    def _refuse_if_moved(self, session_id: str, state: _EnvelopeState) -> None:
+        """Blocking: :meth:`_verify_unchanged` under the writer lock, for an append
+        whose seqs do not follow ``state``: another writer holding the session is
+        :class:`SessionLockedError`, a log another process moved on is
+        :class:`SessionLogExistsError`; an unchanged log returns (the caller's
+        mismatch stands)."""
+        lease = self.backend.acquire_writer(state.meta)
+        try:
+            self._verify_unchanged(session_id, state)
+        finally:
+            lease.release()
 
     def _write(self, state: _EnvelopeState, batch: list[dict[str, Any]]) -> None:
         """Blocking: one whole batch under the session's writer lock."""
@@ -470,7 +498,11 @@ class ServiceMixin:
                     # Became live, prepared or retiring (detached after the wait above)
                     # while this waited: look again.
                     continue
-                session, state = await trio.to_thread.run_sync(self._load_cold, session_id)
+                self._cold_loads.add(session_id)
+                try:
+                    session, state = await trio.to_thread.run_sync(self._load_cold, session_id)
+                finally:
+                    self._cold_loads.discard(session_id)
                 # No checkpoint from the thread's return to the end of this block: the
                 # state recorded is the one the repair left, and no live creation can
                 # slip in between.
@@ -526,8 +558,13 @@ class ServiceMixin:
                 if lease is not None:
                     if stored.truncate_to is not None or closers:
                         self.backend.commit_repair(session_id, stored.truncate_to, closers, lease=lease)
-                    # Under the lock, after the repair: exactly the log the state describes.
-                    revision = self._revision_or_unknown(session_id)
+                        # Unknown after a repair commit (reference §2.7: a post-repair
+                        # revision is never paired with the pre-repair read; a writer
+                        # ignoring the lease may have appended since): a claim or the
+                        # next append compares contents first.
+                        revision = None
+                    else:
+                        revision = self._revision_or_unknown(session_id)
             finally:
                 if lease is not None:
                     lease.release()
@@ -622,6 +659,7 @@ class ServiceMixin:
             return stored.revision, SessionInspection(
                 freeze_record(header_record(stored.header)),
                 tuple(freeze_record(r) for r in records) + tuple(freeze_record(thaw(c)) for c in closers),
+                stored.revision,
             )
 
         try:
@@ -640,9 +678,21 @@ class ServiceMixin:
                 del self._loading[session_id]
             loading.done.set()
 
-    async def read_from(self, session_id: str, from_seq: object) -> tuple[FrozenDict, ...]:
+    @overload
+    async def read_from(
+        self, session_id: str, from_seq: object, *, with_meta: Literal[False] = False
+    ) -> tuple[FrozenDict, ...]: ...
+
+    @overload
+    async def read_from(self, session_id: str, from_seq: object, *, with_meta: Literal[True]) -> SessionInspection: ...
+
+    async def read_from(
+        self, session_id: str, from_seq: object, *, with_meta: bool = False
+    ) -> tuple[FrozenDict, ...] | SessionInspection:
         """The stored events with ``seq >= from_seq`` (detached, frozen; empty at or past
         the end; a torn tail excluded; no repair closers; nothing cached or written).
+        ``with_meta=True`` returns them as a :class:`SessionInspection` with the stored
+        header record (``meta``) and the ``revision`` of the read, from the same read.
 
         Raises :class:`PersistenceArgumentError` for a ``from_seq`` that is not a
         non-negative safe integer, :class:`PersistedSessionNotFoundError`, and the
@@ -659,18 +709,21 @@ class ServiceMixin:
 
         load_from = getattr(self.backend, "load_from", None)
 
-        def work() -> tuple[FrozenDict, ...]:
+        def work() -> tuple[StoredLog, tuple[FrozenDict, ...]]:
             if load_from is not None:
                 # A backend that can seek reads only the suffix (so, as the reference's
                 # SQLite backend, it refuses unknown types in the suffix only).
                 stored = load_from(session_id, start)
                 self._refuse_unknown(session_id, stored.records, stored)
-                return tuple(freeze_record(r) for r in stored.records)
+                return stored, tuple(freeze_record(r) for r in stored.records)
             stored = self.backend.load(session_id)
             self._refuse_unknown(session_id, stored.records, stored)
-            return tuple(freeze_record(r) for r in stored.records[start:])
+            return stored, tuple(freeze_record(r) for r in stored.records[start:])
 
-        return await trio.to_thread.run_sync(work)
+        stored, events = await trio.to_thread.run_sync(work)
+        if not with_meta:
+            return events
+        return SessionInspection(freeze_record(header_record(stored.header)), events, stored.revision)
 
     async def list_snapshots(self) -> list[SessionInspection]:
         """:meth:`inspect` of every stored session, in :meth:`list` order. A session

@@ -16,6 +16,12 @@ from harness.providers._errors import (
     ProviderTimeoutError,
     TruncatedStreamError,
 )
+from harness.providers._middleware import (
+    MiddlewareProvider,
+    RoutedStream,
+    StreamMiddleware,
+    StreamNext,
+)
 from harness.providers._models import ModelCatalog, ModelInfo
 from harness.providers._protocol import (
     ContextWindowExceededError,
@@ -73,6 +79,7 @@ __all__ = [
     "Timeouts",
     "TruncatedStreamError",
     "Finish",
+    "MiddlewareProvider",
     "ModelCatalog",
     "ModelInfo",
     "ModelProvider",
@@ -81,8 +88,11 @@ __all__ = [
     "ProviderStreamError",
     "RateLimitedError",
     "ReasoningDelta",
+    "RoutedStream",
     "ScriptExhaustedError",
     "StreamChunk",
+    "StreamMiddleware",
+    "StreamNext",
     "TextDelta",
     "ToolCallDelta",
     "ToolSpec",

@@ -14,6 +14,7 @@ from typing import Any, Final
 import trio
 
 from harness.compaction import SummarizationInput, SummaryOutput, check_shrink
+from harness.compaction._summarize import check_output_content
 from harness.compaction._transaction import CompactionResult, Transaction, framed_checkpoint
 from harness.errors import (
     ManualCompactionError,
@@ -91,6 +92,7 @@ async def run_summarizer(
     with ticket._scope:
         try:
             output = await summarizer(txn.input)
+            check_output_content(output)
             framed = framed_checkpoint(txn, output)
             check_shrink(framed, txn.shadowed_token_count)
         except Exception as exc:

@@ -39,6 +39,7 @@ from harness.session import (
     SessionHeader,
     SurfaceNodes,
     SurfaceOp,
+    freeze,
 )
 from harness.session._derive import DeriveCache
 from harness.session._log import Log
@@ -303,6 +304,48 @@ class SessionHandle:
         """
         events = await self._call(Append((EventDraft(type, data, surface_op, source_event_seqs),)))
         return events[0]  # type: ignore[no-any-return]
+
+    def append_nowait(
+        self,
+        type: str,
+        data: object,
+        *,
+        surface_op: SurfaceOp | dict[str, Any] | None = None,
+        source_event_seqs: Sequence[int] | None = None,
+    ) -> None:
+        """Append one event without waiting for it (fire and forget; synchronous, no
+        checkpoint): the append is queued to the session actor, behind every message
+        already sent to it, and applied in that order.
+
+        ``data`` is snapshotted now (later mutation of it never reaches the log);
+        data that is not JSON raises :class:`~harness.errors.NotJsonError` here. A
+        refusal by the actor (a surface rule, a veto) cannot reach the caller: it is
+        logged on ``actors`` (``cast … rejected``) and nothing is appended; read
+        :attr:`events` (after :meth:`barrier`) to know what landed. Raises
+        :class:`~harness.errors.SessionNotLiveError` on a stale handle and
+        ``trio.WouldBlock`` when the actor's mailbox is full (nothing queued).
+        """
+        ref = self._ref()
+        draft = EventDraft(type, freeze(data), surface_op, source_event_seqs)
+        try:
+            ref.cast_nowait(Append((draft,)))
+        except ActorStoppedError:
+            raise SessionNotLiveError(f'session "{self.id}" is not live in this store', session_id=self.id) from None
+
+    def current_session(self) -> Session:
+        """The live :class:`~harness.session.Session`, for synchronous reads by the
+        pure functions (``measure``, ``select_compactable_range``, the tool-pairing
+        checks, ``derive_messages``) without an actor round trip.
+
+        **Read only**: the session actor owns it; writing to it directly (``append``,
+        ``commit``) bypasses the actor, its listeners and persistence — append
+        through this handle instead. Reads are consistent: the actor changes the
+        session only in synchronous code, so a synchronous read never sees half a
+        mutation. Raises :class:`~harness.errors.SessionNotLiveError` once the
+        session is not live (a stale handle's state is in :meth:`snapshot`).
+        """
+        self._ref()
+        return self._entry.session
 
     async def append_batch(self, drafts: Sequence[EventDraft]) -> tuple[Event, ...]:
         """Append a batch in one message: it lands whole or not at all.
