@@ -15,8 +15,8 @@ import orjson
 import pytest
 import trio
 
-from harness._chat import Workspace, default_root, register, workspace_tools
 from harness.agent import ToolError
+from harness.cli.chat import Workspace, default_root, workspace_tools
 from tests.fake_openai import FakeOpenAI, Stream, call_events, chunk, fake_openai, text_events
 
 KEY = "sk-chat-test-secret-42"
@@ -25,13 +25,13 @@ REPO = Path(__file__).resolve().parent.parent
 
 def chat_env(tmp_path: Path, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in ("DEEPSEEK_API_KEY", "HARNESS_SESSIONS_ROOT")}
-    env.update({"XDG_DATA_HOME": str(tmp_path / "xdg"), "PYTHONUNBUFFERED": "1", "NO_PROXY": "*"})
+    env.update({"XDG_DATA_HOME": str(tmp_path / "xdg"), "XDG_STATE_HOME": str(tmp_path / "state"), "PYTHONUNBUFFERED": "1", "NO_PROXY": "*"})
     env.update(extra)
     return env
 
 
 def command(*args: str) -> list[str]:
-    return [sys.executable, "-m", "harness._chat", "chat", *args]
+    return [sys.executable, "-m", "harness.cli", "chat", *args]
 
 
 class Chat:
@@ -127,14 +127,27 @@ def test_bad_arguments(tmp_path: Path, args: list[str], message: str) -> None:
     assert done.returncode == 2 and message in done.stderr
 
 
-def test_register_adds_the_subcommand(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    parser = argparse.ArgumentParser(prog="harness")
-    register(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(["chat", "--provider", "scripted", "--resume", "abc", "--root", str(tmp_path)])
-    assert (args.command, args.provider, args.resume, args.root) == ("chat", "scripted", "abc", str(tmp_path))
-    assert callable(args.chat_run)
-    with pytest.raises(SystemExit):
-        parser.parse_args(["chat", "--resume", "a", "--fork", "a@1"])  # one of them
+def test_the_chat_command_parses_into_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    import harness.cli.chat
+    from harness.cli import main
+
+    seen: list[argparse.Namespace] = []
+    monkeypatch.setattr(harness.cli.chat, "run", lambda args: seen.append(args) or 0)
+
+    def harness(*argv: str) -> int | str | None:
+        with pytest.raises(SystemExit) as exit_:
+            main(list(argv))
+        return exit_.value.code
+
+    assert harness("chat", "--provider", "scripted", "--resume", "abc", "--root", str(tmp_path)) == 0
+    (args,) = seen
+    assert (args.provider, args.resume, args.root, args.session) == ("scripted", "abc", str(tmp_path), None)
+    # --new-id names the new session; --session is its old, hidden spelling.
+    assert harness("chat", "--new-id", "n1") == 0 and seen[-1].session == "n1"
+    assert harness("chat", "--session", "n2") == 0 and seen[-1].session == "n2"
+    assert "--session" not in capsys.readouterr().out
+    assert harness("chat", "--resume", "a", "--fork", "a@1") == 2  # one of them
+    assert "Usage: harness chat" in capsys.readouterr().err
     monkeypatch.delenv("HARNESS_SESSIONS_ROOT", raising=False)
     monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
     assert default_root() == tmp_path / "data" / "trio-harness" / "sessions"

@@ -1,6 +1,6 @@
 """The agent story of ``harness demo``: run, crash mid-turn, resume, fork.
 
-The first act runs in a child process (``python -m harness._demo_agent ROOT``) so it
+The first act runs in a child process (``python -m harness.demo._agent ROOT``) so it
 can be killed for real with SIGKILL in the middle of a tool call; the parent then
 resumes the session from disk, continues it, and forks it at a turn boundary.
 """
@@ -171,7 +171,7 @@ def run_agent_story(root: Path) -> int:
     print(f"== the agent story: run, crash, resume, fork (logs under {root}) ==")
     print("\n  act 1: a scripted agent in a child process")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parent.parent), os.environ.get("PYTHONPATH", "")])}
-    with subprocess.Popen([sys.executable, "-m", "harness._demo_agent", str(root)], stdout=subprocess.PIPE, env=env) as child:
+    with subprocess.Popen([sys.executable, "-m", "harness.demo._agent", str(root)], stdout=subprocess.PIPE, env=env) as child:
         assert child.stdout is not None
         for raw in child.stdout:
             line = raw.decode().rstrip()

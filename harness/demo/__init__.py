@@ -80,8 +80,8 @@ def make_private_dirs(path: Path) -> None:
 
 
 def run_demo(root: str | None = None) -> int:
-    from harness._demo_agent import run_agent_story
-    from harness._demo_compaction import run_compaction_act
+    from harness.demo._agent import run_agent_story
+    from harness.demo._compaction import run_compaction_act
 
     where = Path(root) if root else Path(tempfile.mkdtemp(prefix="harness-demo-"))  # mkdtemp: 0700
     make_private_dirs(where)
