@@ -374,3 +374,46 @@ async def test_a_terminal_session_with_ctrl_c(tmp_path: Path) -> None:
 
 def test_fake_server_is_loopback_only() -> None:
     assert FakeOpenAI().base_url.startswith("http://127.0.0.1:")
+
+
+# -- issue 25: slash commands through Commands, the continue hint ----------------------------------
+
+
+async def test_slash_commands_run_through_commands_and_unknown_ones_stay_local(tmp_path: Path, workdir: Path) -> None:
+    """`/compact`, `/session`, `/help` run through the loop's `Commands` (logged as
+    command/run + command/done); `/bogus` is answered here and never reaches the model
+    (it was sent as a prompt: "You said: /bogus")."""
+    root = tmp_path / "store"
+    lines = "read README.md\nread README.md\nhello\n/bogus\n/help\n/compact\n/session\n"
+    code, out = await run_chat(tmp_path, lines, "--provider", "scripted", "--root", str(root), "-C", str(workdir), "--new-id", "s")
+    assert code == 0, out
+    assert "unknown command /bogus; /help lists the commands" in out and "You said: /bogus" not in out
+    for name in ("/compact", "/session", "/fork", "/help", "/exit"):
+        assert re.search(rf"^{re.escape(name)}\b", out, re.M), (name, out)
+    assert re.search(r"Compacted \d+ history items", out), out
+    records = stored(root)["s"]
+    runs = [r["data"]["name"] for r in records if r["type"] == "command/run"]
+    assert runs == ["help", "compact", "session"]
+    assert len([r for r in records if r["type"] == "command/done"]) == 3
+    assert not [r for r in records if r["type"] == "user/message" and "/bogus" in orjson.dumps(r).decode()]
+
+
+async def test_the_continue_hint_works_as_printed(tmp_path: Path, workdir: Path) -> None:
+    """The printed `continue with: ...` command resumes the session as printed: it
+    names the store root and the provider (it said `harness chat --resume ID` only,
+    which looked in the default root and asked for a DeepSeek key)."""
+    import shlex
+
+    root = tmp_path / "elsewhere"
+    code, out = await run_chat(tmp_path, "hello\n", "--provider", "scripted", "--root", str(root), "-C", str(workdir))
+    assert code == 0, out
+    hint = re.search(r"continue with: (.+)$", out, re.M)
+    assert hint is not None, out
+    argv = shlex.split(hint.group(1))
+    assert argv[:3] == ["harness", "chat", "--resume"]
+    done = subprocess.run(
+        [sys.executable, "-m", "harness.cli", *argv[1:]], input="again\n", capture_output=True, text=True, timeout=120,
+        env=chat_env(tmp_path), check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"session {argv[3]} (resumed)" in done.stdout and "You said: again" in done.stdout

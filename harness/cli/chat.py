@@ -408,8 +408,9 @@ def _shown_tools(tools: list[Tool], display: _Display) -> ToolSet:
 
 class OfflineProvider:
     """``--provider scripted``: the scripted provider, answering from rules instead of a
-    model. ``ls [PATH]`` lists a directory, ``read PATH`` reads a file, ``slow`` streams
-    for a while (try Ctrl-C), anything else is echoed; a tool result is summarized."""
+    model. ``ls [PATH]`` lists a directory, ``read PATH`` reads a file, ``slow [SECONDS]``
+    streams for a while (try Ctrl-C), anything else is echoed; a tool result is
+    summarized, and a ``/compact`` summary lists what the user said."""
 
     def __init__(self) -> None:
         from harness.agent import ScriptedProvider
@@ -425,8 +426,18 @@ class OfflineProvider:
 
     def _reply(self, request: ModelRequest) -> list[Any]:
         from harness.agent import Call, Delay, Say, Think
+        from harness.compaction._summarize import PURPOSE
         from harness.session import thaw
 
+        if request.purpose == PURPOSE:  # /compact: a short summary of what the user said
+            said = [
+                str(b.get("text", ""))
+                for m in map(thaw, request.messages[:-1])
+                if m.get("role") == "user"
+                for b in m.get("content") or []
+                if b.get("type") == "text"
+            ]
+            return [Say(("The user said: " + "; ".join(said))[:120])]
         last: Any = thaw(request.messages[-1]) if request.messages else {}
         blocks = last.get("content") or []
         results = [b for b in blocks if b.get("type") == "tool-result"]
@@ -442,8 +453,10 @@ class OfflineProvider:
         if word in ("read", "cat") and rest:
             return [Think(f"Read {rest}."), Call("read_file", {"path": rest})]
         if word == "slow":
+            # `slow [SECONDS]` (default 10): a reply long enough to press Ctrl-C in.
+            seconds = min(int(rest), 86_400) if rest.isdigit() else 10
             parts: list[Any] = [Think("This will take a while.")]
-            for i in range(1, 41):
+            for i in range(1, seconds * 4 + 1):
                 parts += [Say(f"{i}... "), Delay(0.25)]
             return [*parts, Say("done.")]
         return [
