@@ -872,7 +872,10 @@ def describe(rec: dict[str, Any]) -> tuple[str, str]:
         seqs = d.get("shadowedSeqs")
         n = len(seqs) if isinstance(seqs, list | tuple) else "?"
         start, end = (r.get("start"), r.get("end")) if isinstance(r, dict) else ("?", "?")
-        return "magenta", f"| summary shadows {start}..{end} ({n} surface nodes, ~{d.get('shadowedTokenCount')} tokens)"
+        # A range is by surface position: after an earlier compaction its checkpoint (a
+        # later seq) stands first, so start > end is right and is said so.
+        order = " in surface order" if isinstance(start, int) and isinstance(end, int) and start > end else ""
+        return "magenta", f"| summary shadows {start}..{end}{order} ({n} surface nodes, ~{d.get('shadowedTokenCount')} tokens)"
     if t == "compaction/end":
         cid = _short(d.get("compactionId"))
         if "error" in d:

@@ -151,7 +151,7 @@ async def acts_2_and_3(root: Path) -> None:
         boundary = next(e.seq for e in s.events if e.type == "turn/end")
         branch = await store.fork(s, boundary, "assistant-branch")
         h = branch.header
-        print(f"    forked {branch.id!r} at seq {boundary}: parent={h.parent_session!r} seed_length={h.seed_length}")
+        print(f"    forked {branch.id} from {h.parent_session} at seq {boundary} (it starts with a copy of its first {h.seed_length} events)")
         branch_agent = Agent(branch, provider, TOOLS)
         r = await branch_agent.run_turn("Summarise, on the branch.")
         print(f"    branch turn {r.turn}: {r.kind}")
@@ -163,8 +163,9 @@ async def acts_2_and_3(root: Path) -> None:
 
 def _list_logs(root: Path) -> None:
     print(f"\n  both sessions are on disk under {root}:")
-    for p in sorted(root.rglob("session.jsonl")):
-        print(f"    {p.relative_to(root)}  ({p.stat().st_size} bytes)")
+    from harness.demo._show import stored_sessions
+
+    stored_sessions(root)
 
 
 def run_agent_story(root: Path) -> int:
