@@ -1055,8 +1055,12 @@ async def cmd_list(ctx: Ctx) -> int:
             cells += [str(row.get("events", "?")), str(row.get("status"))]
         cells.append(str(row["lineage"]))
         table.append(cells)
+    if _isatty(out.stdout):
+        _rich_table(out, columns, table, status_column=4 if ctx.args.events else None)
+        table = []  # shown
     widths = [max(len(c), *(len(r[i]) for r in table)) if table else len(c) for i, c in enumerate(columns)]
-    out.line(out.c("bold", "  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)).rstrip()))
+    if table:
+        out.line(out.c("bold", "  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)).rstrip()))
     for cells in table:
         shown = []
         for i, (cell, w) in enumerate(zip(cells, widths, strict=True)):
@@ -1068,6 +1072,29 @@ async def cmd_list(ctx: Ctx) -> int:
     for bad in unreadable:
         out.line(out.c("red", f"unreadable: {bad['path']}: {bad['code']}: {_one_line(bad['message'])}"))
     return EXIT_OK
+
+
+def _rich_table(out: Out, columns: list[str], rows: list[list[str]], *, status_column: int | None) -> None:
+    """The listing as a Rich table, on a terminal (a pipe gets plain aligned columns,
+    stable for scripts): folded to the terminal's width, colour per the rules."""
+    from rich.table import Table
+
+    from harness.cli._output import console
+
+    table = Table(box=None, header_style="bold", pad_edge=False, show_edge=False)
+    for name in columns:
+        table.add_column(name, overflow="fold")
+    styles = {"ok": "green", "needs-repair": "yellow"}
+    for cells in rows:
+        shown = [f"[{styles.get(c, 'red')}]{c}[/]" if i == status_column else c for i, c in enumerate(cells)]
+        table.add_row(*(x if i == status_column else _escape(x) for i, x in enumerate(shown)))
+    console(out.stdout, "always" if out.color else "never").print(table)
+
+
+def _escape(text: str) -> str:
+    from rich.markup import escape
+
+    return escape(text)
 
 
 async def _status(ctx: Ctx, session_id: str) -> tuple[str, int | None, str]:
