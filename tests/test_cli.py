@@ -80,3 +80,30 @@ def test_bench_json_has_every_requested_variant() -> None:
         assert value["median_ms"] > 0
     assert "per_call_us" in data["W2"] and "bytes" in data["W5-load"]
     assert run("bench", "W99").returncode == 2
+
+
+# -- issue 25: the command line on Click ------------------------------------------------------------
+
+
+def test_version_help_completion_and_per_command_usage(tmp_path: Path) -> None:
+    from importlib.metadata import version
+
+    done = run("--version")
+    assert done.returncode == 0 and done.stdout.decode().strip() == f"harness {version('trio-harness')}"
+    env_root = tmp_path / "the-root"
+    done = subprocess.run([sys.executable, "-m", "harness.cli", "--help"], capture_output=True, timeout=60, check=False,
+                          env={**os.environ, "PYTHONPATH": str(REPO), "HARNESS_SESSIONS_ROOT": str(env_root), "COLUMNS": "200"})
+    assert done.returncode == 0 and str(env_root) in done.stdout.decode()  # the store root in force
+    # bench --help lists the workloads.
+    text = run("bench", "--help").stdout.decode()
+    for workload in ("W1", "W8", "W12", "M1"):
+        assert f"\n    {workload} " in text, (workload, text)
+    # A bad flag prints that command's usage, not the top level's (exit 2).
+    for argv, usage in ((["bench", "--bogus"], "Usage: harness bench"), (["chaos", "--bogus"], "usage: harness chaos"),
+                        (["sessions", "list", "--bogus"], "Usage: harness sessions list"), (["chat", "--bogus"], "Usage: harness chat")):
+        done = run(*argv)
+        assert done.returncode == 2 and usage in done.stderr.decode(), (argv, done.stderr)
+    # Click's shell completion.
+    done = subprocess.run([sys.executable, "-m", "harness.cli"], capture_output=True, timeout=60, check=False,
+                          env={**os.environ, "PYTHONPATH": str(REPO), "_HARNESS_COMPLETE": "bash_source"})
+    assert done.returncode == 0 and b"complete " in done.stdout and b"_HARNESS_COMPLETE" in done.stdout

@@ -24,10 +24,14 @@ def app() -> click.Group:
 
     @click.group(
         context_settings=CONTEXT,
+        # \b: Click keeps these lines as they are (a path is never wrapped).
         epilog=(
-            f"Store root (every command's default without --root): {default_root()} "
-            f"(${ROOT_ENV}, else $XDG_DATA_HOME/trio-harness/sessions). "
-            "Shell completion: eval \"$(_HARNESS_COMPLETE=bash_source harness)\" (zsh_source, fish_source)."
+            "\b\n"
+            "Store root of every command without --root:\n"
+            f"  {default_root()}\n"
+            f"  (${ROOT_ENV}, else $XDG_DATA_HOME/trio-harness/sessions)\n"
+            "Shell completion (bash; zsh_source, fish_source for the others):\n"
+            '  eval "$(_HARNESS_COMPLETE=bash_source harness)"'
         ),
     )
     @click.version_option(package_name="trio-harness", prog_name="harness", message="%(prog)s %(version)s")
