@@ -505,12 +505,14 @@ def history_path() -> Path:
     return Path(base) / "trio-harness" / "chat-history"
 
 
-class _PromptLines:
+class PromptLines:
     """Lines typed at a terminal with prompt_toolkit: line editing (arrow keys, Emacs
     keys), history across runs (up/down, Ctrl-R). prompt_toolkit runs its own asyncio
     loop, so each prompt runs on a worker thread; Trio waits for it."""
 
-    def __init__(self, message: str) -> None:
+    def __init__(self, message: str, *, input: Any = None, output: Any = None) -> None:
+        """``input``/``output``: prompt_toolkit's (default: the terminal's; tests pass a
+        pipe input and a dummy output)."""
         from prompt_toolkit import PromptSession
         from prompt_toolkit.history import FileHistory, InMemoryHistory
 
@@ -522,7 +524,7 @@ class _PromptLines:
             history = FileHistory(str(path))
         except OSError:  # a read-only home: history for this run only
             history = InMemoryHistory()
-        self.session: Any = PromptSession(history=history)
+        self.session: Any = PromptSession(history=history, input=input, output=output)
 
     async def readline(self) -> str | None:
         """The next line; ``None`` on Ctrl-D; :class:`PromptInterrupted` on Ctrl-C.
@@ -561,7 +563,7 @@ class _PromptLines:
 class _Chat:
     """The conversation: reads prompts, runs turns and slash commands, handles Ctrl-C."""
 
-    def __init__(self, display: _Display, lines: _Lines | _PromptLines, *, interactive: bool) -> None:
+    def __init__(self, display: _Display, lines: _Lines | PromptLines, *, interactive: bool) -> None:
         import trio
 
         self.display = display
@@ -690,7 +692,7 @@ async def _main(options: _Options, out: TextIO, stdin_fd: int) -> int:
     # Line editing and history when a person types at a terminal (stdin and stdout);
     # anything else reads plain lines.
     editing = interactive and stdin_fd == 0 and out.isatty() and not options.list_only
-    lines: _Lines | _PromptLines = _PromptLines("you> ") if editing else _Lines(stdin_fd)
+    lines: _Lines | PromptLines = PromptLines("you> ") if editing else _Lines(stdin_fd)
     chat = _Chat(display, lines, interactive=interactive)
     with trio.open_signal_receiver(signal.SIGINT) as signals:
         async with trio.open_nursery() as nursery:
