@@ -24,7 +24,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def chat_env(tmp_path: Path, **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("DEEPSEEK_API_KEY", "HARNESS_SESSIONS_ROOT")}
+    env = {k: v for k, v in os.environ.items() if k not in ("DEEPSEEK_API_KEY", "HARNESS_SESSIONS_ROOT", "NO_COLOR")}
     env.update({"XDG_DATA_HOME": str(tmp_path / "xdg"), "XDG_STATE_HOME": str(tmp_path / "state"), "PYTHONUNBUFFERED": "1", "NO_PROXY": "*"})
     env.update(extra)
     return env

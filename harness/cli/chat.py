@@ -285,7 +285,9 @@ class _Display:
 
     def __init__(self, out: TextIO, *, hide_reasoning: bool) -> None:
         self.out = out
-        self.tty = bool(getattr(out, "isatty", lambda: False)())
+        from harness.cli._output import use_color
+
+        self.tty = use_color(out)  # dim only on a terminal, and never with NO_COLOR
         self.hide_reasoning = hide_reasoning
         self._mode: str | None = None  # "reasoning" | "text" while a reply streams
 
