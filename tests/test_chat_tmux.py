@@ -10,6 +10,7 @@ is not installed (``python3 dev.py test`` installs it where it can: apt as root)
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 import shutil
@@ -142,3 +143,31 @@ def test_chat_in_a_terminal(tmp_path: Path, pane: Pane) -> None:
     ends = [r["data"]["reason"]["kind"] for r in records if r["type"] == "turn/end"]
     assert ends == ["completed", "completed", "completed", "aborted"], ends
     assert (tmp_path / "state" / "trio-harness" / "chat-history").read_text().count("hello") >= 2
+
+
+def test_sessions_rm_asks_on_a_terminal(tmp_path: Path, pane: Pane) -> None:
+    """`harness sessions rm ID` asks before deleting (it deleted at once): "n" keeps the
+    session (exit 6), "y" deletes it."""
+    root = tmp_path / "store"
+    env = {"XDG_STATE_HOME": str(tmp_path / "state"), "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    made = subprocess.run(
+        [sys.executable, "-m", "harness.cli", "chat", "--provider", "scripted", "--root", str(root), "--new-id", "victim"],
+        input="hello\n", capture_output=True, text=True, timeout=120, env={**os.environ, **env}, check=False,
+    )
+    assert made.returncode == 0, made.stdout + made.stderr
+    rm = shlex.join([sys.executable, "-m", "harness.cli", "sessions", "rm", "victim", "--root", str(root)])
+    script = f"env {shlex.join(f'{k}={v}' for k, v in env.items())} {rm}; echo \"[rm exited $?]\"; " \
+             f"env {shlex.join(f'{k}={v}' for k, v in env.items())} {rm}; echo \"[rm exited $?]\"; sleep 3600"
+    pane.tmux("new-session", "-d", "-s", "chat", "-x", "200", "-y", "50", script)
+    pane.wait_for(r'delete session "victim" \(.*\)\? \[y/N\]')
+    pane.type("n")
+    pane.keys("Enter")
+    screen = pane.wait_for(r"^\[rm exited \d+\]")
+    assert "[rm exited 6]" in screen and "NOT_CONFIRMED" in screen, screen
+    assert list(root.rglob("victim/session.jsonl"))
+    pane.wait_for(r'delete session "victim"', count=2)
+    pane.type("y")
+    pane.keys("Enter")
+    screen = pane.wait_for(r"^\[rm exited \d+\]", count=2)
+    assert screen.count("[rm exited 0]") == 1 and "deleted victim" in screen, screen
+    assert not list(root.rglob("victim/session.jsonl"))

@@ -74,7 +74,8 @@ def command() -> Any:
             chosen.append("--new-id")
         if len(chosen) > 1:
             raise click.UsageError(f"{' and '.join(chosen)} do not go together")
-        args = argparse.Namespace(**values, list=values.pop("list_"), session=new_id)
+        list_only = values.pop("list_")
+        args = argparse.Namespace(**values, list=list_only, session=new_id)
         raise SystemExit(run(args))
 
     return chat
