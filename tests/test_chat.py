@@ -258,6 +258,9 @@ async def test_resume_and_fork(tmp_path: Path, workdir: Path) -> None:
 
     code, out = await run_chat(tmp_path, "", "--root", root, "--list")
     assert code == 0 and "talk " in out and f"{fork[1]} " in out and "(fork of talk)" in out
+    # --new-id names the fork's child (it was always minted).
+    code, out = await run_chat(tmp_path, "", "--root", root, "--fork", f"talk@{first_end[1]}", "--new-id", "named-branch", "--provider", "scripted")
+    assert code == 0 and "session named-branch (forked from talk" in out, out
     code, out = await run_chat(tmp_path, "", "--root", root, "--resume", "nobody", "--provider", "scripted")
     assert code == 1 and "cannot open the session: SESSION_NOT_FOUND" in out
     code, out = await run_chat(tmp_path, "", "--root", root, "--fork", "talk@3", "--provider", "scripted")

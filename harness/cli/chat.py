@@ -758,7 +758,7 @@ async def _session(options: _Options, display: _Display, chat: _Chat) -> int:
                             how = "resumed"
                         elif options.fork:
                             source, seq = options.fork
-                            child = f"{source}-fork-{uuid.uuid4().hex[:6]}"
+                            child = options.session or f"{source}-fork-{uuid.uuid4().hex[:6]}"
                             await _fork(store, persistence, source, seq, child)
                             handle = await loop.resume(child, owner=owner)
                             how = f"forked from {source} after seq {seq}"
