@@ -9,7 +9,7 @@ from harness.cli import CONTEXT
 
 
 def command() -> click.Command:
-    @click.command("demo", context_settings=CONTEXT)
+    @click.command("demo", context_settings=CONTEXT, short_help="A walk through a session, the store, resume, fork and compaction.")
     @click.option(
         "--root",
         metavar="DIR",

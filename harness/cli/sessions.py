@@ -149,7 +149,7 @@ def command(runner: Callable[[argparse.Namespace], int] | None = None) -> Any:
     from harness.cli import CONTEXT
     from harness.cli._output import default_root
 
-    @click.group("sessions", context_settings=CONTEXT, epilog=_EXIT_TEXT)
+    @click.group("sessions", context_settings=CONTEXT, epilog=_EXIT_TEXT, short_help="List, show, verify, repair, fork, export and remove stored sessions.")
     @_common
     def sessions(**_: Any) -> None:
         """List, show, verify, repair, fork, export and remove stored sessions of a store
