@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import subprocess
 import sys
 import venv
@@ -38,6 +39,21 @@ def _ensure_venv() -> None:
     STAMP.write_text(digest)
 
 
+def _ensure_tmux() -> None:
+    """tests/test_chat_tmux.py drives `harness chat` in tmux (it skips without it). CI
+    runs as root on Debian: install it there; elsewhere say how."""
+    if shutil.which("tmux"):
+        return
+    if os.name == "posix" and os.geteuid() == 0 and shutil.which("apt-get"):
+        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+        for cmd in (["apt-get", "update", "-q"], ["apt-get", "install", "-y", "-q", "tmux"]):
+            print("+ " + " ".join(cmd), flush=True)
+            if subprocess.run(cmd, env=env, stdout=subprocess.DEVNULL).returncode != 0:
+                break
+    if not shutil.which("tmux"):
+        print("dev.py: tmux is not installed: tests/test_chat_tmux.py will be skipped", flush=True)
+
+
 def _run(cmd: list[str]) -> None:
     print("+ " + " ".join(cmd), flush=True)
     completed = subprocess.run(cmd, cwd=ROOT)
@@ -55,6 +71,7 @@ def main(argv: list[str]) -> None:
     elif command == "bench":
         _run([str(BIN / "harness"), "bench", *rest])
     else:
+        _ensure_tmux()
         _run([str(BIN / "ruff"), "check", "actors", "harness", "tests", "docs"])
         _run([str(PY), "-m", "mypy"])
         # pytest-xdist: one worker per core; the PostgreSQL tests share one worker

@@ -15,8 +15,8 @@ import orjson
 import pytest
 import trio
 
-from harness._chat import Workspace, default_root, register, workspace_tools
 from harness.agent import ToolError
+from harness.cli.chat import Workspace, default_root, workspace_tools
 from tests.fake_openai import FakeOpenAI, Stream, call_events, chunk, fake_openai, text_events
 
 KEY = "sk-chat-test-secret-42"
@@ -24,14 +24,14 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def chat_env(tmp_path: Path, **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("DEEPSEEK_API_KEY", "HARNESS_SESSIONS_ROOT")}
-    env.update({"XDG_DATA_HOME": str(tmp_path / "xdg"), "PYTHONUNBUFFERED": "1", "NO_PROXY": "*"})
+    env = {k: v for k, v in os.environ.items() if k not in ("DEEPSEEK_API_KEY", "HARNESS_SESSIONS_ROOT", "NO_COLOR")}
+    env.update({"XDG_DATA_HOME": str(tmp_path / "xdg"), "XDG_STATE_HOME": str(tmp_path / "state"), "PYTHONUNBUFFERED": "1", "NO_PROXY": "*"})
     env.update(extra)
     return env
 
 
 def command(*args: str) -> list[str]:
-    return [sys.executable, "-m", "harness._chat", "chat", *args]
+    return [sys.executable, "-m", "harness.cli", "chat", *args]
 
 
 class Chat:
@@ -127,14 +127,27 @@ def test_bad_arguments(tmp_path: Path, args: list[str], message: str) -> None:
     assert done.returncode == 2 and message in done.stderr
 
 
-def test_register_adds_the_subcommand(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    parser = argparse.ArgumentParser(prog="harness")
-    register(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(["chat", "--provider", "scripted", "--resume", "abc", "--root", str(tmp_path)])
-    assert (args.command, args.provider, args.resume, args.root) == ("chat", "scripted", "abc", str(tmp_path))
-    assert callable(args.chat_run)
-    with pytest.raises(SystemExit):
-        parser.parse_args(["chat", "--resume", "a", "--fork", "a@1"])  # one of them
+def test_the_chat_command_parses_into_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    import harness.cli.chat
+    from harness.cli import main
+
+    seen: list[argparse.Namespace] = []
+    monkeypatch.setattr(harness.cli.chat, "run", lambda args: seen.append(args) or 0)
+
+    def harness(*argv: str) -> int | str | None:
+        with pytest.raises(SystemExit) as exit_:
+            main(list(argv))
+        return exit_.value.code
+
+    assert harness("chat", "--provider", "scripted", "--resume", "abc", "--root", str(tmp_path)) == 0
+    (args,) = seen
+    assert (args.provider, args.resume, args.root, args.session) == ("scripted", "abc", str(tmp_path), None)
+    # --new-id names the new session; --session is its old, hidden spelling.
+    assert harness("chat", "--new-id", "n1") == 0 and seen[-1].session == "n1"
+    assert harness("chat", "--session", "n2") == 0 and seen[-1].session == "n2"
+    assert "--session" not in capsys.readouterr().out
+    assert harness("chat", "--resume", "a", "--fork", "a@1") == 2  # one of them
+    assert "Usage: harness chat" in capsys.readouterr().err
     monkeypatch.delenv("HARNESS_SESSIONS_ROOT", raising=False)
     monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
     assert default_root() == tmp_path / "data" / "trio-harness" / "sessions"
@@ -245,6 +258,9 @@ async def test_resume_and_fork(tmp_path: Path, workdir: Path) -> None:
 
     code, out = await run_chat(tmp_path, "", "--root", root, "--list")
     assert code == 0 and "talk " in out and f"{fork[1]} " in out and "(fork of talk)" in out
+    # --new-id names the fork's child (it was always minted).
+    code, out = await run_chat(tmp_path, "", "--root", root, "--fork", f"talk@{first_end[1]}", "--new-id", "named-branch", "--provider", "scripted")
+    assert code == 0 and "session named-branch (forked from talk" in out, out
     code, out = await run_chat(tmp_path, "", "--root", root, "--resume", "nobody", "--provider", "scripted")
     assert code == 1 and "cannot open the session: SESSION_NOT_FOUND" in out
     code, out = await run_chat(tmp_path, "", "--root", root, "--fork", "talk@3", "--provider", "scripted")
@@ -361,3 +377,46 @@ async def test_a_terminal_session_with_ctrl_c(tmp_path: Path) -> None:
 
 def test_fake_server_is_loopback_only() -> None:
     assert FakeOpenAI().base_url.startswith("http://127.0.0.1:")
+
+
+# -- issue 25: slash commands through Commands, the continue hint ----------------------------------
+
+
+async def test_slash_commands_run_through_commands_and_unknown_ones_stay_local(tmp_path: Path, workdir: Path) -> None:
+    """`/compact`, `/session`, `/help` run through the loop's `Commands` (logged as
+    command/run + command/done); `/bogus` is answered here and never reaches the model
+    (it was sent as a prompt: "You said: /bogus")."""
+    root = tmp_path / "store"
+    lines = "read README.md\nread README.md\nhello\n/bogus\n/help\n/compact\n/session\n"
+    code, out = await run_chat(tmp_path, lines, "--provider", "scripted", "--root", str(root), "-C", str(workdir), "--new-id", "s")
+    assert code == 0, out
+    assert "unknown command /bogus; /help lists the commands" in out and "You said: /bogus" not in out
+    for name in ("/compact", "/session", "/fork", "/help", "/exit"):
+        assert re.search(rf"^{re.escape(name)}\b", out, re.M), (name, out)
+    assert re.search(r"Compacted \d+ history items", out), out
+    records = stored(root)["s"]
+    runs = [r["data"]["name"] for r in records if r["type"] == "command/run"]
+    assert runs == ["help", "compact", "session"]
+    assert len([r for r in records if r["type"] == "command/done"]) == 3
+    assert not [r for r in records if r["type"] == "user/message" and "/bogus" in orjson.dumps(r).decode()]
+
+
+async def test_the_continue_hint_works_as_printed(tmp_path: Path, workdir: Path) -> None:
+    """The printed `continue with: ...` command resumes the session as printed: it
+    names the store root and the provider (it said `harness chat --resume ID` only,
+    which looked in the default root and asked for a DeepSeek key)."""
+    import shlex
+
+    root = tmp_path / "elsewhere"
+    code, out = await run_chat(tmp_path, "hello\n", "--provider", "scripted", "--root", str(root), "-C", str(workdir))
+    assert code == 0, out
+    hint = re.search(r"continue with: (.+)$", out, re.M)
+    assert hint is not None, out
+    argv = shlex.split(hint.group(1))
+    assert argv[:3] == ["harness", "chat", "--resume"]
+    done = subprocess.run(
+        [sys.executable, "-m", "harness.cli", *argv[1:]], input="again\n", capture_output=True, text=True, timeout=120,
+        env=chat_env(tmp_path), check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"session {argv[3]} (resumed)" in done.stdout and "You said: again" in done.stdout

@@ -28,16 +28,21 @@ def test_demo_tells_the_whole_story(tmp_path: Path) -> None:
         "turn 2: interrupted",
         "TOOL_OUTCOME_UNKNOWN",
         "request header (resume)",
-        "forked 'assistant-branch'",
+        "forked assistant-branch from assistant at seq",
         "a stale handle is refused: SESSION_NOT_LIVE",
-        "same log and surface as when it was live: True",
+        "same log and surface as when it was live: yes",
         # The compaction act: pressure in the middle of turn 4, between its two steps.
         "---- step 1 of turn 4 ends ----",
         "* agent/pre-step of step 2 measures",
         "compaction/start     [ bracket",
         "opens (turn 4)",
-        "compaction/summary   | shadowedRange {start: ",
-        "surfaceOp replace {start: ",
+        "compaction/summary   | summary of 7 surface messages (",
+        "(the checkpoint: it takes their place on the surface)",
+        # Issue 25: the /compact span starts at the earlier checkpoint (surface order).
+        "(surface order: an earlier checkpoint first)",
+        "refused and changes nothing: turn/start 9 while turn 2 is still open (INVARIANT_VIOLATED)",
+        'turn/end           {"turn":2,"reason":{"kind":"interrupted"}}',
+        "working directory /repo",
         "closes (turn 4)",
         "---- step 2 of turn 4 begins ----",
         "user: [checkpoint] - The user asked",
@@ -49,14 +54,17 @@ def test_demo_tells_the_whole_story(tmp_path: Path) -> None:
         # /compact: a standalone bracket.
         "success: Compacted 2 history items (~",
         "opens (standalone, turn null)",
-        "reloaded 'long-chat' from",
+        "reloaded long-chat from",
     ):
         assert needle in out, needle
     # The bracket of turn 4 sits between step 1's end and step 2's start.
     act = out[out.index("timeline of turn 4") :]
     assert act.index("step 1 of turn 4 ends") < act.index("opens (turn 4)") < act.index("closes (turn 4)")
     assert act.index("closes (turn 4)") < act.index("step 2 of turn 4 begins")
-    assert "same surface as when it was live: True" in act
+    assert "same surface as when it was live: yes" in act
+    # Issue 25: no Python reprs or encoded folder names in what a person reads.
+    for internal in ("FrozenDict(", "InvariantError:", "shadowedRange {", "=None", "': True", "--repo--/assistant/session.jsonl  ("):
+        assert internal not in out, internal
     assert "compaction" not in done.stderr.decode()  # no compaction warning was logged
     assert len(list(tmp_path.rglob("session.jsonl"))) == 5
 
@@ -72,3 +80,30 @@ def test_bench_json_has_every_requested_variant() -> None:
         assert value["median_ms"] > 0
     assert "per_call_us" in data["W2"] and "bytes" in data["W5-load"]
     assert run("bench", "W99").returncode == 2
+
+
+# -- issue 25: the command line on Click ------------------------------------------------------------
+
+
+def test_version_help_completion_and_per_command_usage(tmp_path: Path) -> None:
+    from importlib.metadata import version
+
+    done = run("--version")
+    assert done.returncode == 0 and done.stdout.decode().strip() == f"harness {version('trio-harness')}"
+    env_root = tmp_path / "the-root"
+    done = subprocess.run([sys.executable, "-m", "harness.cli", "--help"], capture_output=True, timeout=60, check=False,
+                          env={**os.environ, "PYTHONPATH": str(REPO), "HARNESS_SESSIONS_ROOT": str(env_root), "COLUMNS": "200"})
+    assert done.returncode == 0 and str(env_root) in done.stdout.decode()  # the store root in force
+    # bench --help lists the workloads.
+    text = run("bench", "--help").stdout.decode()
+    for workload in ("W1", "W8", "W12", "M1"):
+        assert f"\n    {workload} " in text, (workload, text)
+    # A bad flag prints that command's usage, not the top level's (exit 2).
+    for argv, usage in ((["bench", "--bogus"], "Usage: harness bench"), (["chaos", "--bogus"], "usage: harness chaos"),
+                        (["sessions", "list", "--bogus"], "Usage: harness sessions list"), (["chat", "--bogus"], "Usage: harness chat")):
+        done = run(*argv)
+        assert done.returncode == 2 and usage in done.stderr.decode(), (argv, done.stderr)
+    # Click's shell completion.
+    done = subprocess.run([sys.executable, "-m", "harness.cli"], capture_output=True, timeout=60, check=False,
+                          env={**os.environ, "PYTHONPATH": str(REPO), "_HARNESS_COMPLETE": "bash_source"})
+    assert done.returncode == 0 and b"complete " in done.stdout and b"_HARNESS_COMPLETE" in done.stdout

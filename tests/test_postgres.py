@@ -386,7 +386,7 @@ async def test_open_runtime_and_the_sessions_cli_take_a_postgres_url(pg_url: str
 
     from harness import open_runtime
     from harness._runtime_api import RuntimeConfigError
-    from harness._sessions_cli import run
+    from harness.cli.sessions import run
 
     url = f"{pg_url}#{pg_schema}"
     async with open_runtime(url) as rt:

@@ -1,7 +1,7 @@
 """`harness sessions` (issue 12 §3): every command on both backends, broken files, a
 torn tail, a locked session; exit codes, stdout (JSON parsed) and the files on disk.
 
-The commands run in-process through ``harness._sessions_cli.run`` (each its own
+The commands run in-process through ``harness.cli.sessions.run`` (each its own
 ``trio.run``), so these tests are plain functions, not Trio tests.
 """
 
@@ -23,9 +23,10 @@ import orjson
 import pytest
 import trio
 
-from harness._sessions_cli import (
+from harness.cli.sessions import (
     EXIT_CORRUPT,
     EXIT_LOCKED,
+    EXIT_NEEDS_REPAIR,
     EXIT_NOT_FOUND,
     EXIT_OK,
     EXIT_REFUSED,
@@ -336,7 +337,7 @@ def test_verify_all_and_one(store: tuple[str, Path]) -> None:
     _, root = store
     before = tree_digest(root)
     r = cli(root, "verify", "--json")
-    assert r.code == EXIT_OK, r.out + r.err
+    assert r.code == EXIT_NEEDS_REPAIR, r.out + r.err  # "crashed" needs repair, nothing failed
     by_id = {s["id"]: s for s in r.json["sessions"]}
     assert by_id["done"]["status"] == "ok" and by_id["child"]["status"] == "ok"
     assert by_id["crashed"]["status"] == "needs-repair"
@@ -374,7 +375,8 @@ def test_torn_tail_jsonl(tmp_path: Path) -> None:
     path.write_bytes(good + b'{"type":"turn/start","seq":30,"ti')
     before = tree_digest(root)
     r = cli(root, "verify", "done", "--json")
-    assert r.code == EXIT_OK  # a torn tail is what a crash leaves: a warning
+    # A torn tail is what a crash leaves: a warning, with its own exit code.
+    assert r.code == EXIT_NEEDS_REPAIR
     (s,) = r.json["sessions"]
     assert s["status"] == "needs-repair" and s["tornTail"] == {"atByte": len(good), "bytes": 33}
     assert [w["code"] for w in s["warnings"]] == ["TORN_TAIL"]
@@ -516,7 +518,7 @@ def test_lineage_mismatch_and_missing_parent(tmp_path: Path) -> None:
     assert r.code == EXIT_VERIFY_FAILED
     (s,) = r.json["sessions"]
     assert s["problems"] == [{"code": "LINEAGE_MISMATCH", "message": 'event 1 differs from parent "done"\'s event 1'}]
-    assert cli(root, "rm", "done").code == EXIT_OK
+    assert cli(root, "rm", "done", "--yes").code == EXIT_OK
     # The parent deleted: nothing to compare against; its absence is a warning (a fork
     # holds its own copy of the prefix), a failure with --strict.
     r = cli(root, "verify", "child", "--json")
@@ -567,7 +569,7 @@ def test_locked_session(store: tuple[str, Path]) -> None:
     kind, root = store
     with held(kind, root, "crashed"):
         before = tree_digest(root)
-        for command in (("repair", "crashed"), ("rm", "crashed")):
+        for command in (("repair", "crashed"), ("rm", "crashed", "--yes")):
             r = cli(root, *command)
             assert r.code == EXIT_LOCKED, (command, r.err)
             assert r.err.count("\n") == 1 and "[SESSION_LOCKED]" in r.err
@@ -577,20 +579,24 @@ def test_locked_session(store: tuple[str, Path]) -> None:
         assert r.code == EXIT_OK and r.json["sessions"][0]["status"] == "ok"  # the holder repaired it
         assert cli(root, "show", "crashed").code == EXIT_OK
         assert tree_digest(root) == before
-        assert cli(root, "fork", "crashed@13", "--to", "side").code == EXIT_OK
-    assert cli(root, "rm", "crashed").code == EXIT_OK
+        assert cli(root, "fork", "crashed@13", "--to", "side").code == EXIT_OK  # the old spelling of --new-id
+    assert cli(root, "rm", "-y", "crashed").code == EXIT_OK
 
 
 def test_rm(store: tuple[str, Path]) -> None:
     kind, root = store
-    r = cli(root, "rm", "done", "--json")
+    # Without a terminal to ask on, rm refuses unless --yes, and deletes nothing.
+    r = cli(root, "rm", "done")
+    assert r.code == EXIT_USAGE and "pass --yes" in r.err and "[CONFIRMATION_REQUIRED]" in r.err
+    assert "done" in {s["id"] for s in cli(root, "list", "--json").json["sessions"]}
+    r = cli(root, "rm", "done", "--json", "--yes")
     assert r.code == EXIT_OK, r.err
     assert r.json["deleted"] == "done" and r.json["children"] == ["child"]
     ids = {s["id"] for s in cli(root, "list", "--json").json["sessions"]}
     assert ids == {"child", "crashed"}
     if kind == "jsonl":
         assert not list(root.glob("*/done/session.jsonl"))
-    r = cli(root, "rm", "done")
+    r = cli(root, "rm", "done", "--yes")
     assert r.code == EXIT_NOT_FOUND and r.err.startswith("harness sessions rm: error: ")
 
 
@@ -611,9 +617,8 @@ def test_bad_roots_and_usage(tmp_path: Path) -> None:
     assert r.code == EXIT_CORRUPT and "not a SQLite database" in r.err
     assert cli(tmp_path, "list", "--backend", "sqlite").code == EXIT_USAGE
     assert cli(junk, "list", "--backend", "jsonl").code == EXIT_USAGE
-    assert cli(None, "list").code == EXIT_USAGE
     assert cli(tmp_path, "show", "").code == EXIT_USAGE
-    assert cli(tmp_path, "frobnicate").code == EXIT_USAGE  # argparse
+    assert cli(tmp_path, "frobnicate").code == EXIT_USAGE  # Click
     # An empty JSONL root lists nothing.
     r = cli(tmp_path, "list", "--json")
     assert r.code == EXIT_OK and r.json["sessions"] == []
@@ -646,7 +651,7 @@ def test_colour_and_the_module_entry_point(store: tuple[str, Path]) -> None:
     assert "\x1b[1msession done\x1b[0m" in r.out
     env = {**os.environ, "PYTHONPATH": str(REPO), "NO_COLOR": "1", "HARNESS_SESSIONS_ROOT": str(root)}
     done = subprocess.run(
-        [sys.executable, "-m", "harness._sessions_cli", "list", "--json"], capture_output=True, env=env, timeout=60, check=False
+        [sys.executable, "-m", "harness.cli.sessions", "list", "--json"], capture_output=True, env=env, timeout=60, check=False
     )
     assert done.returncode == 0, done.stderr.decode()
     assert {s["id"] for s in orjson.loads(done.stdout)["sessions"]} == {"done", "child", "crashed"}
@@ -658,10 +663,10 @@ class _Tty(io.StringIO):
 
 
 def test_colour_only_on_a_terminal_and_never_with_no_color(store: tuple[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
-    from harness._sessions_cli import build_parser, main
+    from harness.cli.sessions import main, parse
 
     _, root = store
-    args = build_parser().parse_args(["sessions", "--root", str(root), "show", "done", "--width", "100"])
+    args = parse(["sessions", "--root", str(root), "show", "done", "--width", "100"])
     monkeypatch.delenv("NO_COLOR", raising=False)
     tty = _Tty()
     assert main(args, stdout=tty, stderr=io.StringIO()) == EXIT_OK
@@ -670,3 +675,53 @@ def test_colour_only_on_a_terminal_and_never_with_no_color(store: tuple[str, Pat
     tty = _Tty()
     assert main(args, stdout=tty, stderr=io.StringIO()) == EXIT_OK
     assert "\x1b[" not in tty.getvalue() and "session done" in tty.getvalue()
+
+
+# -- issue 25: one store root, exit codes, usage, clipping ---------------------------------------
+
+
+def test_every_command_defaults_to_the_one_store_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without --root, `harness sessions` reads the root `harness chat` writes:
+    $HARNESS_SESSIONS_ROOT, else $XDG_DATA_HOME/trio-harness/sessions (it refused to
+    run without --root or the variable before)."""
+    from harness.cli.chat import default_root as chat_root
+
+    monkeypatch.delenv("HARNESS_SESSIONS_ROOT", raising=False)
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
+    root = tmp_path / "data" / "trio-harness" / "sessions"
+    assert chat_root() == root
+    r = cli(None, "list")
+    assert r.code == EXIT_NOT_FOUND and str(root) in r.err  # names the default it looked at
+    root.parent.mkdir(parents=True)
+    make_store("jsonl", tmp_path).rename(root)
+    r = cli(None, "list", "--json")
+    assert r.code == EXIT_OK and {x["id"] for x in r.json["sessions"]} == {"done", "child", "crashed"}
+    monkeypatch.setenv("HARNESS_SESSIONS_ROOT", str(tmp_path / "elsewhere"))
+    assert "elsewhere" in cli(None, "list").err
+    out = io.StringIO()
+    with redirect_stdout(out):
+        assert run(["sessions", "--help"]) == EXIT_OK
+    assert "elsewhere" in out.getvalue()  # --help prints the root in force
+
+
+def test_a_subcommand_bad_flag_prints_that_subcommand_usage(store: tuple[str, Path]) -> None:
+    _, root = store
+    r = cli(root, "show", "done", "--bogus")
+    assert r.code == EXIT_USAGE
+    assert "Usage: harness sessions show [OPTIONS] ID" in r.err and "--bogus" in r.err
+
+
+def test_verify_detail_is_not_clipped_into_a_pipe(tmp_path: Path) -> None:
+    """A pipe gets the whole problem text (it was cut at 120 columns); --width still
+    clips, as a terminal's width does."""
+    root = make_store("jsonl", tmp_path)
+    path = transcript(root, "done")
+    path.write_bytes(path.read_bytes() + b'{"type":"turn/start","seq":30,"ti')
+    long_id_root = root
+    r = cli(long_id_root, "verify", "done")
+    assert r.code == EXIT_NEEDS_REPAIR
+    (line,) = [x for x in r.out.splitlines() if "TORN_TAIL" in x]
+    assert len(line) > 60 and not line.endswith("…") and line.endswith("the next repair cuts it")
+    r = cli(long_id_root, "verify", "done", "--width", "40")
+    (line,) = [x for x in r.out.splitlines() if "TORN_TAIL" in x]
+    assert line.endswith("…") and len(line) <= 40

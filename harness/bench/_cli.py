@@ -30,6 +30,23 @@ WORKLOADS: dict[str, Workload] = {
 }
 """Workload ids; each may produce several variants (e.g. W2 -> W2, W2b)."""
 
+DESCRIPTIONS: dict[str, str] = {
+    "W1": "append one event per call (and W1-actor, W1-actor-batch through the session actor)",
+    "W2": "derive the surface per call (W2b: a full derive rebuild)",
+    "W3": "fork at the last seq, through the actor",
+    "W4": "decode and restore a stored log (W4-snapshot)",
+    "W5": "write and load on disk (W5-write, W5-load, W4-disk)",
+    "W6": "one replace over a large surface",
+    "W7": "resume from disk",
+    "W8": "compaction of an agent session and the derive rebuild",
+    "W9": "durable appends through the actor, one flush each (W9-sqlite)",
+    "W10": "durable batches of 50, one flush each (W10-sqlite)",
+    "W11": "in-memory batches through the actor",
+    "W12": "close a store of many live sessions",
+    "M1": "memory retained by a restored session",
+}
+"""One line per workload, for ``harness bench --help`` (docs/architecture.md, Performance)."""
+
 _VARIANT_OF = {"W2b": "W2", "W4-snapshot": "W4", "W1-actor": "W1", "W1-actor-batch": "W1", "W5-write": "W5", "W5-load": "W5", "W4-disk": "W5", "W9-sqlite": "W9", "W10-sqlite": "W10"}
 
 
@@ -38,6 +55,10 @@ BACKEND_CHOICES = ("all", *_durable.BACKENDS)
 
 
 def run_bench(selection: Sequence[str], *, n: int, runs: int, as_json: bool, backend: str = "all") -> int:
+    """Run the selected workloads (all when empty); print one line per result (or JSON at
+    the end) and, on a terminal, a progress bar on stderr over the workloads."""
+    from harness.cli._output import progress
+
     # --backend postgres: W5/W7 on JSONL, SQLite and PostgreSQL side by side (W9/W10 as "all").
     on_postgres = backend == "postgres"
     backends = _durable.BACKENDS if on_postgres else _durable.backends_of(backend)
@@ -66,12 +87,15 @@ def run_bench(selection: Sequence[str], *, n: int, runs: int, as_json: bool, bac
     if not wanted:
         wanted = list(workloads)
     results: list[Result] = []
-    for name in wanted:
-        for r in workloads[name](n, runs):
-            if keep is None or r.key in keep or (r.key == name and name in selection):
-                results.append(r)
-                if not as_json:
-                    print(r.line(), flush=True)
+    with progress(sys.stderr, "bench", len(wanted)) as advance:
+        for name in wanted:
+            advance(0, label=f"bench {name} (n={n}, runs={runs})")
+            for r in workloads[name](n, runs):
+                if keep is None or r.key in keep or (r.key == name and name in selection):
+                    results.append(r)
+                    if not as_json:
+                        print(r.line(), flush=True)
+            advance()
     if as_json:
         sys.stdout.write(orjson.dumps({r.key: r.to_json() for r in results}, option=orjson.OPT_INDENT_2).decode() + "\n")
     return 0

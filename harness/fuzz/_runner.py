@@ -123,23 +123,29 @@ def main(args: argparse.Namespace) -> int:
                       f"runs are {'missing' if required else 'SKIPPED on this platform'}", file=sys.stderr)
                 failed |= required
             else:
-                for target in args.target or TARGETS:
-                    print(f"+ coverage-guided fuzzing of {target} for {seconds}s", flush=True)
-                    run = run_coverage(target, seconds, root, workdir, args.update_corpus)
-                    runs.append(run)
-                    kept = []
-                    for crash in run.crashes:
-                        dest = Path.cwd() / f"fuzz-{target}-{crash.name}"
-                        shutil.copy(crash, dest)
-                        kept.append(dest)
-                    if run.crashes:
-                        failed = True
-                        print(f"harness fuzz: {target} crashed; inputs kept: {', '.join(map(str, kept))} "
-                              f"(replay: python -m harness.fuzz._coverage {target} 1 DIR INPUT)", file=sys.stderr)
-                    elif run.runs == 0:
-                        failed = True
-                        print(f"harness fuzz: {target}: the fuzzer reported no runs (exit {run.returncode})",
-                              file=sys.stderr)
+                from harness.cli._output import progress
+
+                targets = args.target or TARGETS
+                with progress(sys.stderr, "fuzz", len(targets)) as advance:
+                    for target in targets:
+                        print(f"+ coverage-guided fuzzing of {target} for {seconds}s", flush=True)
+                        advance(0, label=f"fuzz {target} ({seconds}s)")
+                        run = run_coverage(target, seconds, root, workdir, args.update_corpus)
+                        advance()
+                        runs.append(run)
+                        kept = []
+                        for crash in run.crashes:
+                            dest = Path.cwd() / f"fuzz-{target}-{crash.name}"
+                            shutil.copy(crash, dest)
+                            kept.append(dest)
+                        if run.crashes:
+                            failed = True
+                            print(f"harness fuzz: {target} crashed; inputs kept: {', '.join(map(str, kept))} "
+                                  f"(replay: python -m harness.fuzz._coverage {target} 1 DIR INPUT)", file=sys.stderr)
+                        elif run.runs == 0:
+                            failed = True
+                            print(f"harness fuzz: {target}: the fuzzer reported no runs (exit {run.returncode})",
+                                  file=sys.stderr)
         print("\nfuzz cases explored per entry point")
         width = max([len(k) for k in counts] + [40])
         for name, n in counts.items():

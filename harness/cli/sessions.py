@@ -23,6 +23,8 @@ Exit codes (also in docs/cli.md):
   (``INVALID_BOUNDARY``, ``OPEN_TURN``), a child id that already exists, an export file
   that exists
 * 7 storage or environment error (I/O, ``zstandard`` missing, any other typed error)
+* 8 ``verify``: nothing failed, but a log needs repair (a torn tail, or an open turn a
+  load closes); ``harness sessions repair ID`` fixes it
 * 130 interrupted (Ctrl-C); 141 stdout closed early (``| head``), quietly
 """
 
@@ -32,9 +34,8 @@ import argparse
 import contextlib
 import datetime
 import os
-import shutil
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Final, NoReturn
@@ -52,10 +53,11 @@ EXIT_LOCKED: Final = 4
 EXIT_CORRUPT: Final = 5
 EXIT_REFUSED: Final = 6
 EXIT_STORAGE: Final = 7
+EXIT_NEEDS_REPAIR: Final = 8
 EXIT_INTERRUPTED: Final = 130
 EXIT_BROKEN_PIPE: Final = 141
 
-ROOT_ENV: Final = "HARNESS_SESSIONS_ROOT"
+ROOT_ENV: Final = "HARNESS_SESSIONS_ROOT"  # harness.cli._output.ROOT_ENV
 COMMANDS: Final = ("list", "show", "inspect", "verify", "repair", "fork", "export", "rm")
 
 
@@ -69,114 +71,185 @@ class CliError(Exception):
         self.exit_code = exit_code
 
 
-# -- argument parsing --------------------------------------------------------------------
+# -- argument parsing (Click) ---------------------------------------------------------------
+
+_COMMON: Final = ("root", "backend", "compression", "json", "width", "color")
 
 
-def _add_common(p: argparse.ArgumentParser, *, suppress: bool) -> None:
-    """The options every subcommand takes; on subcommands their default is SUPPRESS, so
-    ``harness sessions --json list`` and ``harness sessions list --json`` both work."""
+def _common(f: Callable[..., Any]) -> Callable[..., Any]:
+    """The options every subcommand takes, on the group and on each subcommand, so
+    ``harness sessions --json list`` and ``harness sessions list --json`` both work (a
+    subcommand's own value wins)."""
+    import click
 
-    def d(value: object) -> object:
-        return argparse.SUPPRESS if suppress else value
+    from harness.cli._output import default_root
 
-    p.add_argument(
-        "--root",
-        metavar="PATH",
-        default=d(None),
-        help=f"the store: a JSONL root directory, a SQLite file or a postgresql://…[#schema] URL (default: ${ROOT_ENV})",
-    )
-    p.add_argument(
-        "--backend",
-        choices=("auto", "jsonl", "sqlite", "postgres"),
-        default=d("auto"),
-        help="force the backend (auto: a directory is JSONL, a file is SQLite, a postgresql:// URL PostgreSQL)",
-    )
-    p.add_argument(
-        "--compression",
-        choices=("auto", "none", "zstd"),
-        default=d("auto"),
-        help="JSONL encoding (auto: zstd when the root holds only .jsonl.zstd transcripts)",
-    )
-    p.add_argument("--json", action="store_true", default=d(False), help="machine-readable output on stdout")
-    p.add_argument("--width", type=int, default=d(None), help="clip text lines to this width (default: the terminal's, else 120)")
-    p.add_argument(
-        "--color",
-        choices=("auto", "always", "never"),
-        default=d("auto"),
-        help="colour (auto: only on a terminal, and not when NO_COLOR is set)",
-    )
+    for option in reversed(
+        (
+            click.option(
+                "--root",
+                metavar="PATH",
+                default=None,
+                help=f"the store: a JSONL root directory, a SQLite file or a postgresql://…[#schema] URL "
+                f"(default: ${ROOT_ENV}, else {default_root()})",
+            ),
+            click.option(
+                "--backend",
+                type=click.Choice(("auto", "jsonl", "sqlite", "postgres")),
+                default="auto",
+                help="force the backend (auto: a directory is JSONL, a file is SQLite, a postgresql:// URL PostgreSQL)",
+            ),
+            click.option(
+                "--compression",
+                type=click.Choice(("auto", "none", "zstd")),
+                default="auto",
+                help="JSONL encoding (auto: zstd when the root holds only .jsonl.zstd transcripts)",
+            ),
+            click.option("--json", is_flag=True, help="machine-readable output on stdout"),
+            click.option("--width", type=int, default=None, help="clip text lines to this width (default: the terminal's; a pipe is not clipped)"),
+            click.option(
+                "--color",
+                type=click.Choice(("auto", "always", "never")),
+                default="auto",
+                help="colour (auto: only on a terminal, and not when NO_COLOR is set)",
+            ),
+        )
+    ):
+        f = option(f)
+    return f
 
 
-def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
-    """Add ``sessions`` and its subcommands to ``harness``'s subparsers; dispatch the
-    parsed namespace to :func:`main` when ``args.command == "sessions"``."""
-    sessions = subparsers.add_parser(
-        "sessions",
-        help="list, show, verify, repair, fork, export and remove stored sessions",
-        description=(
-            "Work on the sessions of a store root: a JSONL directory or a SQLite file. "
-            "Exit codes: 0 ok, 1 verification failed, 2 usage, 3 not found, 4 locked, "
-            "5 corrupt or unsupported, 6 refused, 7 storage error."
-        ),
-    )
-    _add_common(sessions, suppress=False)
-    sub = sessions.add_subparsers(dest="sessions_command", required=True, metavar="COMMAND")
+def _namespace(ctx: Any, command: str, values: dict[str, Any]) -> argparse.Namespace:
+    """The parsed command as the handlers read it: common options from the subcommand
+    when given there, else from the group."""
+    import click
 
-    def add(name: str, help_: str) -> argparse.ArgumentParser:
-        p = sub.add_parser(name, help=help_, description=help_)
-        _add_common(p, suppress=True)
-        return p
+    group = ctx.parent
+    merged = dict(values)
+    for name in _COMMON:
+        if ctx.get_parameter_source(name) in (click.core.ParameterSource.DEFAULT, None) and group is not None:
+            merged[name] = group.params.get(name, merged.get(name))
+    if merged.get("child") is None and merged.get("child_alias") is not None:
+        merged["child"] = merged["child_alias"]  # the old spelling: fork --to NEW_ID
+    merged.pop("child_alias", None)
+    return argparse.Namespace(command="sessions", sessions_command=command, **merged)
 
-    p = add("list", "the stored sessions: id, cwd, created, lineage")
-    p.add_argument("--events", action="store_true", help="also read every log: event count and status")
 
-    p = add("show", "a readable timeline of a session (or, with --surface, what the model sees)")
-    p.add_argument("id")
-    p.add_argument("--surface", action="store_true", help="the derived messages the model sees")
-    p.add_argument("--chunks", action="store_true", help="list assistant/chunk events one by one")
-    p.add_argument("--times", action="store_true", help="show each event's time")
+_EXIT_TEXT: Final = (
+    "Exit codes: 0 ok, 1 verification failed, 2 usage, 3 not found, 4 locked, 5 corrupt or unsupported, "
+    "6 refused, 7 storage error, 8 verify: a log needs repair (torn tail or open turn), 130 interrupted."
+)
 
-    p = add("inspect", "the raw inspection: the header record and every event as a load would see it")
-    p.add_argument("id")
-    p.add_argument("--full", action="store_true", help="do not clip event data")
 
-    p = add("verify", "check logs without changing them (reading rules, invariants, lineage)")
-    p.add_argument("ids", nargs="*", metavar="ID", help="sessions to verify (default: all)")
-    p.add_argument("--strict", action="store_true", help="warnings (torn tail, pending repair, missing parent) fail too")
+def command(runner: Callable[[argparse.Namespace], int] | None = None) -> Any:
+    """The ``harness sessions`` Click group; each subcommand exits with ``runner``'s
+    status for the parsed namespace (default: :func:`main`)."""
+    import click
 
-    p = add("repair", "write the crash-repair closers durably (and cut a torn tail)")
-    p.add_argument("id")
+    from harness.cli import CONTEXT
+    from harness.cli._output import default_root
 
-    p = add("fork", "a child session from an inclusive prefix ID@SEQ of a stored session")
-    p.add_argument("source", metavar="ID@SEQ", help="the source session and the last seq of the prefix")
-    p.add_argument("--to", dest="child", metavar="NEW_ID", default=None, help="the child's id (default: minted)")
+    @click.group("sessions", context_settings=CONTEXT, epilog=_EXIT_TEXT, short_help="List, show, verify, repair, fork, export and remove stored sessions.")
+    @_common
+    def sessions(**_: Any) -> None:
+        """List, show, verify, repair, fork, export and remove stored sessions of a store
+        root: a JSONL directory, a SQLite file or a PostgreSQL URL."""
 
-    p = add("export", "the stored records to stdout or a file")
-    p.add_argument("id")
-    p.add_argument("--format", choices=("jsonl", "json"), default="jsonl", help="jsonl: header line + one record per line")
-    p.add_argument("-o", "--output", metavar="FILE", default=None, help="write to FILE instead of stdout")
-    p.add_argument("--force", action="store_true", help="overwrite an existing FILE")
-    p.add_argument("--closers", action="store_true", help="include the closers a load would append")
+    sessions.help = (sessions.help or "") + f"\n\nStore root without --root: {default_root()}."
 
-    p = add("rm", "delete a stored session (refused while locked)")
-    p.add_argument("id")
+    def sub(name: str, summary: str) -> Callable[[Callable[..., Any]], Any]:
+        def wrap(f: Callable[..., Any]) -> Any:
+            @click.pass_context
+            def callback(ctx: click.Context, /, **values: Any) -> None:
+                raise SystemExit((runner or main)(_namespace(ctx, name, values)))
+
+            callback.__name__ = f.__name__
+            callback.__doc__ = summary
+            decorated: Any = _common(callback)
+            params = getattr(f, "__click_params__", [])
+            decorated.__click_params__ = [*getattr(decorated, "__click_params__", []), *params]
+            return sessions.command(name, context_settings=CONTEXT, epilog=_EXIT_TEXT)(decorated)
+
+        return wrap
+
+    @sub("list", "The stored sessions: id, cwd, created, lineage.")
+    @click.option("--events", is_flag=True, help="also read every log: event count and status")
+    def _list() -> None: ...
+
+    @sub("show", "A readable timeline of a session (or, with --surface, what the model sees).")
+    @click.argument("id")
+    @click.option("--surface", is_flag=True, help="the derived messages the model sees")
+    @click.option("--chunks", is_flag=True, help="list assistant/chunk events one by one")
+    @click.option("--times", is_flag=True, help="show each event's time")
+    def _show() -> None: ...
+
+    @sub("inspect", "The raw inspection: the header record and every event as a load would see it.")
+    @click.argument("id")
+    @click.option("--full", is_flag=True, help="do not clip event data")
+    def _inspect() -> None: ...
+
+    @sub("verify", "Check logs without changing them (reading rules, invariants, lineage); exit 8 when one needs repair.")
+    @click.argument("ids", nargs=-1, metavar="[ID]...")
+    @click.option("--strict", is_flag=True, help="warnings (torn tail, pending repair, missing parent) fail too")
+    def _verify() -> None: ...
+
+    @sub("repair", "Write the crash-repair closers durably (and cut a torn tail).")
+    @click.argument("id")
+    def _repair() -> None: ...
+
+    @sub("fork", "A child session from an inclusive prefix ID@SEQ of a stored session.")
+    @click.argument("source", metavar="ID@SEQ")
+    @click.option("--new-id", "child", metavar="NEW_ID", default=None, help="the child's id (default: minted)")
+    @click.option("--to", "child_alias", metavar="NEW_ID", default=None, hidden=True)
+    def _fork() -> None: ...
+
+    @sub("export", "The stored records to stdout or a file.")
+    @click.argument("id")
+    @click.option("--format", type=click.Choice(("jsonl", "json")), default="jsonl", help="jsonl: header line + one record per line")
+    @click.option("-o", "--output", metavar="FILE", default=None, help="write to FILE instead of stdout")
+    @click.option("--force", is_flag=True, help="overwrite an existing FILE")
+    @click.option("--closers", is_flag=True, help="include the closers a load would append")
+    def _export() -> None: ...
+
+    @sub("rm", "Delete a stored session (refused while locked); asks first unless --yes.")
+    @click.argument("id")
+    @click.option("-y", "--yes", is_flag=True, help="delete without asking (needed when stdin is not a terminal)")
+    def _rm() -> None: ...
+
     return sessions
 
 
-def build_parser(prog: str = "harness") -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=prog)
-    register(parser.add_subparsers(dest="command", required=True))
-    return parser
+def parse(argv: Sequence[str]) -> argparse.Namespace:
+    """``harness``-style arguments (``sessions ...``) parsed into the namespace
+    :func:`main` runs, without running it (for embedding and tests)."""
+    parsed: list[argparse.Namespace] = []
+
+    def keep(ns: argparse.Namespace) -> int:
+        parsed.append(ns)
+        return EXIT_OK
+
+    args = list(argv)
+    if args and args[0] == "sessions":
+        args = args[1:]
+    with contextlib.suppress(SystemExit):
+        command(keep).main(args=args, prog_name="harness sessions", standalone_mode=False)
+    if not parsed:
+        raise ValueError(f"not a runnable sessions command: {list(argv)!r}")
+    return parsed[0]
 
 
 def run(argv: Sequence[str] | None = None) -> int:
-    """Parse ``harness``-style arguments (``sessions ...``) and run; returns the exit code."""
-    parser = build_parser()
+    """Run ``harness``-style arguments (``sessions ...``) in this process; returns the
+    exit code (usage errors 2, ``--help`` 0)."""
+    from harness.cli import main as harness_main
+
     try:
-        args = parser.parse_args(list(argv) if argv is not None else None)
-    except SystemExit as exc:  # argparse: usage errors exit 2, --help exits 0
-        return int(exc.code or 0) if not isinstance(exc.code, str) else EXIT_USAGE
-    return main(args)
+        harness_main(list(argv) if argv is not None else None)
+    except SystemExit as exc:
+        if exc.code is None:
+            return EXIT_OK
+        return exc.code if isinstance(exc.code, int) else EXIT_USAGE
+    return EXIT_OK
 
 
 # -- output --------------------------------------------------------------------------------
@@ -201,13 +274,11 @@ class Out:
         self.stdout = stdout or sys.stdout
         self.stderr = stderr or sys.stderr
         self.json = bool(getattr(args, "json", False))
-        mode = getattr(args, "color", "auto")
-        tty = _isatty(self.stdout)
-        self.color = mode == "always" or (mode == "auto" and tty and not os.environ.get("NO_COLOR"))
-        width = getattr(args, "width", None)
-        if width is None:
-            width = shutil.get_terminal_size((120, 24)).columns if tty else 120
-        self.width = max(int(width), 40)
+        from harness.cli._output import text_width, use_color
+
+        self.color = use_color(self.stdout, getattr(args, "color", "auto") or "auto")
+        # Clipped to the terminal's width on a terminal only: a pipe gets every character.
+        self.width = text_width(self.stdout, getattr(args, "width", None))
 
     def c(self, style: str, text: str) -> str:
         if not self.color or not text or not style:
@@ -259,8 +330,9 @@ def _clip(text: str, width: int) -> str:
 
 
 class Progress:
-    """A status line on stderr while a long load runs; only on a terminal, shown after
-    a short delay, erased when done."""
+    """Progress on stderr, only on a terminal: a Rich spinner with the step's label once
+    a step has run for a short delay, or, while a command walks many sessions, the
+    label on that walk's bar (:attr:`advance`). Erased when done."""
 
     DELAY: Final = 0.3
 
@@ -269,40 +341,50 @@ class Progress:
         self.enabled = _isatty(stream)
         self.label = ""
         self.prefix = ""  # e.g. "[3/120] " while a command walks many sessions
+        self.advance: Callable[..., None] | None = None
+
+    @contextlib.contextmanager
+    def walk(self, label: str, total: int) -> Iterator[Callable[..., None]]:
+        """A bar over ``total`` sessions; the steps inside label it."""
+        from harness.cli._output import progress
+
+        with progress(self.stream, label, total) if self.enabled else contextlib.nullcontext(_ignore) as advance:
+            self.advance = advance
+            try:
+                yield advance
+            finally:
+                self.advance = None
 
     @asynccontextmanager
     async def step(self, label: str) -> AsyncIterator[None]:
         import trio
 
         self.label = self.prefix + label
+        if self.advance is not None:
+            self.advance(0, label=self.label)
+            yield
+            return
         if not self.enabled:
             yield
             return
-        shown = False
 
-        async def spin() -> None:
-            nonlocal shown
+        async def show() -> None:
+            from harness.cli._output import progress
+
             await trio.sleep(self.DELAY)
-            start = trio.current_time() - self.DELAY
-            frames = "|/-\\"
-            i = 0
-            while True:
-                elapsed = trio.current_time() - start
-                self.stream.write(f"\r\x1b[2K{frames[i % 4]} {self.label} ({elapsed:.1f} s)")
-                self.stream.flush()
-                shown = True
-                i += 1
-                await trio.sleep(0.1)
+            with progress(self.stream, self.label, None):
+                await trio.sleep_forever()
 
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(spin)
+            nursery.start_soon(show)
             try:
                 yield
             finally:
                 nursery.cancel_scope.cancel()
-                if shown:
-                    self.stream.write("\r\x1b[2K")
-                    self.stream.flush()
+
+
+def _ignore(*_: object, **__: object) -> None:
+    return None
 
 
 # -- the store root ------------------------------------------------------------------------
@@ -328,9 +410,12 @@ class StoreRoot:
 
     @classmethod
     def resolve(cls, args: argparse.Namespace) -> StoreRoot:
-        raw = args.root or os.environ.get(ROOT_ENV)
+        from harness.cli._output import default_root
+
+        # The one default of every command: $HARNESS_SESSIONS_ROOT, else the XDG data dir.
+        raw = args.root if args.root is not None else str(default_root())
         if not raw:
-            raise CliError(f"no store root: pass --root PATH or set {ROOT_ENV}", code="USAGE", exit_code=EXIT_USAGE)
+            raise CliError("empty store root: pass --root PATH", code="USAGE", exit_code=EXIT_USAGE)
         forced = args.backend
         from harness.persistence._postgres_schema import is_postgres_url
 
@@ -340,7 +425,8 @@ class StoreRoot:
             return cls(Path(), "postgres", "none", url=raw)
         path = Path(raw).expanduser()
         if not path.exists():
-            raise CliError(f'store root "{path}" does not exist', code="STORE_NOT_FOUND", exit_code=EXIT_NOT_FOUND)
+            hint = "" if args.root is not None else f" (the default root: `harness chat` creates it; or pass --root PATH, or set {ROOT_ENV})"
+            raise CliError(f'store root "{path}" does not exist{hint}', code="STORE_NOT_FOUND", exit_code=EXIT_NOT_FOUND)
         kind = forced if forced != "auto" else ("jsonl" if path.is_dir() else "sqlite")
         if kind == "jsonl" and not path.is_dir():
             raise CliError(f'"{path}" is not a directory: a JSONL store root is one', code="USAGE", exit_code=EXIT_USAGE)
@@ -786,7 +872,10 @@ def describe(rec: dict[str, Any]) -> tuple[str, str]:
         seqs = d.get("shadowedSeqs")
         n = len(seqs) if isinstance(seqs, list | tuple) else "?"
         start, end = (r.get("start"), r.get("end")) if isinstance(r, dict) else ("?", "?")
-        return "magenta", f"| summary shadows {start}..{end} ({n} surface nodes, ~{d.get('shadowedTokenCount')} tokens)"
+        # A range is by surface position: after an earlier compaction its checkpoint (a
+        # later seq) stands first, so start > end is right and is said so.
+        order = " in surface order" if isinstance(start, int) and isinstance(end, int) and start > end else ""
+        return "magenta", f"| summary shadows {start}..{end}{order} ({n} surface nodes, ~{d.get('shadowedTokenCount')} tokens)"
     if t == "compaction/end":
         cid = _short(d.get("compactionId"))
         if "error" in d:
@@ -939,16 +1028,18 @@ async def cmd_list(ctx: Ctx) -> int:
         _fail(exc)
     headers.sort(key=lambda h: (h.get("createdAt") or 0, str(h.get("id"))))
     rows: list[dict[str, Any]] = []
-    for i, header in enumerate(headers):
-        meta = {k: v for k, v in header.items() if k != "type"}
-        row: dict[str, Any] = {**meta, "lineage": _lineage(meta)}
-        if ctx.args.events:
-            ctx.progress.prefix = f"[{i + 1}/{len(headers)}] "
-            status, events, detail = await _status(ctx, str(meta["id"]))
-            row.update(status=status, events=events)
-            if detail:
-                row["detail"] = detail
-        rows.append(row)
+    walk = ctx.progress.walk("list", len(headers)) if ctx.args.events else contextlib.nullcontext(_ignore)
+    with walk as advance:
+        for header in headers:
+            meta = {k: v for k, v in header.items() if k != "type"}
+            row: dict[str, Any] = {**meta, "lineage": _lineage(meta)}
+            if ctx.args.events:
+                status, events, detail = await _status(ctx, str(meta["id"]))
+                row.update(status=status, events=events)
+                if detail:
+                    row["detail"] = detail
+                advance()
+            rows.append(row)
     unreadable = await _unlisted(ctx, headers)
     if out.json:
         out.emit({**ctx.root.describe(), "sessions": rows, "unreadable": unreadable})
@@ -964,8 +1055,12 @@ async def cmd_list(ctx: Ctx) -> int:
             cells += [str(row.get("events", "?")), str(row.get("status"))]
         cells.append(str(row["lineage"]))
         table.append(cells)
+    if _isatty(out.stdout):
+        _rich_table(out, columns, table, status_column=4 if ctx.args.events else None)
+        table = []  # shown
     widths = [max(len(c), *(len(r[i]) for r in table)) if table else len(c) for i, c in enumerate(columns)]
-    out.line(out.c("bold", "  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)).rstrip()))
+    if table:
+        out.line(out.c("bold", "  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)).rstrip()))
     for cells in table:
         shown = []
         for i, (cell, w) in enumerate(zip(cells, widths, strict=True)):
@@ -977,6 +1072,29 @@ async def cmd_list(ctx: Ctx) -> int:
     for bad in unreadable:
         out.line(out.c("red", f"unreadable: {bad['path']}: {bad['code']}: {_one_line(bad['message'])}"))
     return EXIT_OK
+
+
+def _rich_table(out: Out, columns: list[str], rows: list[list[str]], *, status_column: int | None) -> None:
+    """The listing as a Rich table, on a terminal (a pipe gets plain aligned columns,
+    stable for scripts): folded to the terminal's width, colour per the rules."""
+    from rich.table import Table
+
+    from harness.cli._output import console
+
+    table = Table(box=None, header_style="bold", pad_edge=False, show_edge=False)
+    for name in columns:
+        table.add_column(name, overflow="fold")
+    styles = {"ok": "green", "needs-repair": "yellow"}
+    for cells in rows:
+        shown = [f"[{styles.get(c, 'red')}]{c}[/]" if i == status_column else c for i, c in enumerate(cells)]
+        table.add_row(*(x if i == status_column else _escape(x) for i, x in enumerate(shown)))
+    console(out.stdout, "always" if out.color else "never").print(table)
+
+
+def _escape(text: str) -> str:
+    from rich.markup import escape
+
+    return escape(text)
 
 
 async def _status(ctx: Ctx, session_id: str) -> tuple[str, int | None, str]:
@@ -1298,19 +1416,20 @@ async def cmd_verify(ctx: Ctx) -> int:
     cache: dict[str, View | CliError] = {}
     results: list[dict[str, Any]] = []
     strict = bool(ctx.args.strict)
-    for i, sid in enumerate(ids):
-        ctx.progress.prefix = f"[{i + 1}/{len(ids)}] "
-        result = await _verify_one(ctx, sid, cache)
-        if not everything and result["problems"] and result["problems"][0]["code"] == "SESSION_NOT_FOUND":
-            raise CliError(result["problems"][0]["message"], code="SESSION_NOT_FOUND", exit_code=EXIT_NOT_FOUND)
-        if strict and result["warnings"] and not result["problems"]:
-            result["status"] = "failed"
-        result["ok"] = result["status"] != "failed"
-        results.append(result)
-        # Keep only what a later child may still compare against.
-        for key in list(cache):
-            if key not in parents:
-                del cache[key]
+    with ctx.progress.walk("verify", len(ids)) as advance:
+        for sid in ids:
+            result = await _verify_one(ctx, sid, cache)
+            advance()
+            if not everything and result["problems"] and result["problems"][0]["code"] == "SESSION_NOT_FOUND":
+                raise CliError(result["problems"][0]["message"], code="SESSION_NOT_FOUND", exit_code=EXIT_NOT_FOUND)
+            if strict and result["warnings"] and not result["problems"]:
+                result["status"] = "failed"
+            result["ok"] = result["status"] != "failed"
+            results.append(result)
+            # Keep only what a later child may still compare against.
+            for key in list(cache):
+                if key not in parents:
+                    del cache[key]
     for bad in unreadable:
         results.append(
             {
@@ -1334,7 +1453,9 @@ async def cmd_verify(ctx: Ctx) -> int:
             counts[r["status"]] = counts.get(r["status"], 0) + 1
         summary = ", ".join(f"{n} {k}" for k, n in sorted(counts.items())) or "nothing to verify"
         out.line(out.c("bold", f"{len(results)} sessions: {summary}"))
-    return EXIT_VERIFY_FAILED if failed else EXIT_OK
+    if failed:
+        return EXIT_VERIFY_FAILED
+    return EXIT_NEEDS_REPAIR if any(r["status"] == "needs-repair" for r in results) else EXIT_OK
 
 
 def _print_verify(ctx: Ctx, r: dict[str, Any], pad: int) -> None:
@@ -1640,6 +1761,8 @@ async def cmd_rm(ctx: Ctx) -> int:
         headers = await ctx.p.list()
         meta = next((h for h in headers if h.get("id") == sid), None)
         path = ctx.p.locate(meta) if meta is not None else None
+        if meta is not None and not getattr(ctx.args, "yes", False):
+            await _confirm_rm(ctx, sid, path)
         await ctx.p.delete(sid)
     except HarnessError as exc:
         _fail(exc)
@@ -1651,6 +1774,28 @@ async def cmd_rm(ctx: Ctx) -> int:
     if children:
         ctx.out.line(ctx.out.c("dim", f"  its forks keep their own copy of the prefix: {', '.join(children)}"))
     return EXIT_OK
+
+
+async def _confirm_rm(ctx: Ctx, sid: str, path: object) -> None:
+    """Ask on the terminal before deleting; without one, refuse unless ``--yes``."""
+    import click
+    import trio
+
+    from harness.cli._output import is_terminal
+
+    if not is_terminal(sys.stdin):
+        raise CliError(
+            f'refusing to delete session "{sid}" without confirmation: pass --yes (stdin is not a terminal)',
+            code="CONFIRMATION_REQUIRED",
+            exit_code=EXIT_USAGE,
+        )
+    where = f" ({path})" if path else ""
+    # The prompt blocks on the terminal: a worker thread, abandoned if cancelled (Ctrl-C).
+    ok = await trio.to_thread.run_sync(
+        lambda: click.confirm(f'delete session "{sid}"{where}?', default=False, err=True), abandon_on_cancel=True
+    )
+    if not ok:
+        raise CliError(f'session "{sid}" kept: not confirmed', code="NOT_CONFIRMED", exit_code=EXIT_REFUSED)
 
 
 _HANDLERS: Final[dict[str, Callable[[Ctx], Awaitable[int]]]] = {

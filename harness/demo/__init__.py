@@ -9,7 +9,8 @@ from typing import Any
 import trio
 import trio.lowlevel
 
-from harness.errors import OpenTurnError, SessionNotLiveError
+from harness.demo._show import plain
+from harness.errors import InvariantError, OpenTurnError, SessionNotLiveError
 from harness.persistence import JsonlBackend, Persistence, open_persistence
 from harness.runtime import Store, open_store
 from harness.session import (
@@ -21,6 +22,10 @@ from harness.session import (
     interrupted_turn_closers,
     thaw,
 )
+
+
+def _yes(value: bool) -> str:
+    return "yes" if value else "NO"
 
 
 def _text(message: FrozenDict) -> str:
@@ -80,8 +85,8 @@ def make_private_dirs(path: Path) -> None:
 
 
 def run_demo(root: str | None = None) -> int:
-    from harness._demo_agent import run_agent_story
-    from harness._demo_compaction import run_compaction_act
+    from harness.demo._agent import run_agent_story
+    from harness.demo._compaction import run_compaction_act
 
     where = Path(root) if root else Path(tempfile.mkdtemp(prefix="harness-demo-"))  # mkdtemp: 0700
     make_private_dirs(where)
@@ -103,7 +108,9 @@ async def _store_walk(root: Path) -> None:
         reloaded = await persistence.load("chat")
         print(f"    {reloaded.seq} events (the {reloaded.seq - 1} written + its new session/end-seed), surface {list(reloaded.surface)}")
         for header in await persistence.list():
-            print(f"    on disk: {header['id']!r} parent={header.get('parentSession')!r} seedLength={header.get('seedLength')!r}")
+            parent = header.get("parentSession")
+            lineage = f"a fork of {parent}, starting with a copy of its first {header.get('seedLength')} events" if parent else "no parent"
+            print(f"    on disk: {header['id']} ({lineage})")
 
 
 async def _store_steps(store: Store, persistence: Persistence) -> None:
@@ -134,9 +141,8 @@ async def _store_steps(store: Store, persistence: Persistence) -> None:
         await chat.append("turn/end", {"turn": 2, "reason": {"kind": "completed"}})
         child = await store.fork(chat, boundary=13, child_id="chat-branch")
         print(
-            f"  forked {child.id!r} at seq 13: parent={child.header.parent_session!r}, "
-            f"seed_length={child.header.seed_length}, "
-            f"prefix equal to the parent's: {list(child.events)[:14] == list(chat.events)[:14]}"
+            f"  forked {child.id} from {child.header.parent_session} at seq 13: it starts with a copy of the parent's "
+            f"first {child.header.seed_length} events (identical: {_yes(list(child.events)[:14] == list(chat.events)[:14])})"
         )
         await child.append("user/message", _user("branch-1", "a question only the branch sees"), surface_op="append")
         print(f"  parent has {chat.seq} events, child has {child.seq}; the parent is untouched")
@@ -150,14 +156,14 @@ async def _store_steps(store: Store, persistence: Persistence) -> None:
             print(f"  a stale handle is refused: {exc.code}: {exc}")
         reloaded = await persistence.load("chat")
         same = list(reloaded.events)[: len(written)] == written and tuple(reloaded.surface) == surface
-        print(f"  reloaded 'chat' from disk: same log and surface as when it was live: {same}")
+        print(f"  reloaded chat from disk: same log and surface as when it was live: {_yes(same)}")
         print("  leaving the store detaches what is still live:")
 
 
 def _core_walk() -> None:
     clock = iter(range(1_700_000_000_000, 1_800_000_000_000, 250))
     s = Session.create("demo", clock=lambda: next(clock), validator=RelationalInvariants())
-    print(f"session {s.id!r} created; header {s.header.to_record()}")
+    print(f"session {s.id} created; its header record: {plain(s.header.to_record())}")
 
     s.append_batch(
         [
@@ -210,11 +216,11 @@ def _core_walk() -> None:
 
     try:
         s.append("turn/start", {"turn": 9})
-    except Exception as exc:
-        print(f"\na bad append is refused and changes nothing: {type(exc).__name__}: {exc}")
+    except InvariantError as exc:
+        print(f"\na bad append is refused and changes nothing: {exc.detail} ({exc.code})")
     print(f"  log still has {s.seq} events")
 
     closers = interrupted_turn_closers(list(s.events))
     print("\nif the process died now, crash repair would append:")
     for ev in closers:
-        print(f"  {ev.seq:3d} {ev.type:<18} {ev.data}")
+        print(f"  {ev.seq:3d} {ev.type:<18} {plain(ev.data)}")

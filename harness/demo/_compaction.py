@@ -154,6 +154,17 @@ def _words(message: Any, n: int = 9) -> str:
     return " ".join(words[:n]) + (" ..." if len(words) > n else "")
 
 
+def _span(seqs: list[int]) -> str:
+    """The shadowed messages, in surface order. A range ``{start, end}`` names the first
+    and last *surface position*, not the lowest and highest seq: after an earlier
+    compaction its checkpoint (a later seq) stands where the old head was, so a span
+    like ``340 .. 337`` is right (session-core reference, replace rule 4)."""
+    order = "" if list(seqs) == sorted(seqs) else " (surface order: an earlier checkpoint first)"
+    if len(seqs) <= 4:
+        return "seqs " + ", ".join(map(str, seqs)) + order
+    return f"seqs {seqs[0]}, {seqs[1]} ... {seqs[-1]}{order}"
+
+
 def _show_messages(title: str, messages: tuple[FrozenDict, ...]) -> None:
     print(f"    {title}, {len(messages)} messages):")
     for m in messages:
@@ -176,18 +187,14 @@ def _describe(e: Event) -> str:
     if t == "compaction/start":
         return f"[ bracket {_short(d['compactionId'])} opens ({_owner(d)})"
     if t == "compaction/summary":
-        r = d["shadowedRange"]
         seqs = d["shadowedSeqs"]
-        return (
-            f"| shadowedRange {{start: {r['start']}, end: {r['end']}}}, shadowedSeqs {seqs}, "
-            f"shadowedTokenCount {d['shadowedTokenCount']}"
-        )
+        return f"| summary of {len(seqs)} surface messages ({d['shadowedTokenCount']} tokens): {_span(seqs)}"
     if t == "compaction/end":
         return f"] bracket {_short(d['compactionId'])} closes ({_owner(d)})" + (" ERROR" if "error" in d else "")
     if t == "user/message":
         op = e.surface_op
         if op is not None and not isinstance(op, str):
-            return f"| {_words(d, 4)}  surfaceOp replace {{start: {op.start}, end: {op.end}}}"
+            return f"| {_words(d, 4)}  (the checkpoint: it takes their place on the surface)"
         return "user: " + _words(d)
     if t == "assistant/message":
         return "assistant: " + _words(d["message"])
@@ -286,8 +293,8 @@ async def compaction_act(root: Path) -> None:
         seqs = pressure.result.shadowed_seqs
         kept = all(s.events[q].type in ("user/message", "assistant/message", "tool/result") for q in seqs)
         print(
-            f"    the log still holds the {len(seqs)} shadowed messages (seqs {list(seqs)}: {kept}) among its "
-            f"{s.seq} events;\n    the model sees the checkpoint instead"
+            f"    the log still holds {'all ' if kept else 'NOT all '}{len(seqs)} shadowed messages (seqs {', '.join(map(str, seqs))}) "
+            f"among its {s.seq} events;\n    the model sees the checkpoint instead"
         )
 
         requests_before = len(provider.requests)
@@ -332,14 +339,15 @@ async def compaction_act(root: Path) -> None:
     ):
         reloaded = await persistence.load(SESSION)
         print(
-            f"\n  reloaded {SESSION!r} from {root}: {reloaded.seq} events, "
-            f"same surface as when it was live: {tuple(reloaded.surface) == surface}"
+            f"\n  reloaded {SESSION} from {root}: {reloaded.seq} events, "
+            f"same surface as when it was live: {'yes' if tuple(reloaded.surface) == surface else 'NO'}"
         )
 
 
 def run_compaction_act(root: Path) -> int:
     print(f"\n== more: compaction in an agent: pressure mid-turn, overflow recovery, /compact (log under {root}) ==")
     trio.run(compaction_act, root)
-    for p in sorted(root.rglob("session.jsonl")):
-        print(f"    {p.relative_to(root)}  ({p.stat().st_size} bytes)")
+    from harness.demo._show import stored_sessions
+
+    stored_sessions(root)
     return 0

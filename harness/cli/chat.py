@@ -6,9 +6,9 @@ directory. Replies stream as they arrive; tool calls are shown as they run. Ctrl
 cancels the running turn (recorded as aborted by the user); a second Ctrl-C exits,
 after the session is flushed and closed.
 
-``register(subparsers)`` adds the subcommand to an ``argparse`` parser and ``run(args)``
-runs it (``python -m harness._chat`` works on its own too). Heavy imports happen in
-``run``: registering the command costs nothing.
+``command()`` is the Click command and ``run(args)`` runs it (``python -m
+harness.cli.chat`` works on its own too). Heavy imports happen in ``run``: building
+the command costs nothing.
 """
 
 from __future__ import annotations
@@ -19,6 +19,9 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, NamedTuple, TextIO
 
+from harness.cli._output import default_root
+from harness.errors import HarnessError
+
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
 
@@ -27,6 +30,7 @@ if TYPE_CHECKING:
     from harness.runtime import Store
 
 PROVIDERS: Final = ("deepseek", "scripted")
+DEFAULT_KEY_ENV: Final = "DEEPSEEK_API_KEY"
 READ_LIMIT: Final = 200_000  # bytes of a file read_file returns
 LIST_LIMIT: Final = 500  # entries list_dir returns
 
@@ -37,50 +41,51 @@ SYSTEM: Final = (
 )
 
 
-def default_root() -> Path:
-    """``$HARNESS_SESSIONS_ROOT`` (the default of ``harness sessions`` too), else
-    ``$XDG_DATA_HOME/trio-harness/sessions`` (``~/.local/share`` without it)."""
-    explicit = os.environ.get("HARNESS_SESSIONS_ROOT")
-    if explicit:
-        return Path(explicit).expanduser()
-    base = os.environ.get("XDG_DATA_HOME") or os.path.join(os.path.expanduser("~"), ".local", "share")
-    return Path(base) / "trio-harness" / "sessions"
+def command() -> Any:
+    """The ``harness chat`` Click command; it runs :func:`run` on the parsed options."""
+    import click
 
+    from harness.cli import CONTEXT
 
-def register(subparsers: Any) -> argparse.ArgumentParser:
-    """Add ``chat`` to ``subparsers`` (from ``ArgumentParser.add_subparsers``); the
-    parsed namespace carries ``chat_run`` (this module's :func:`run`)."""
-    p: argparse.ArgumentParser = subparsers.add_parser(
-        "chat",
-        help="an interactive agent in the terminal (DeepSeek, or --provider scripted offline)",
-        description=(
-            "Chat with an agent in the terminal. Sessions are stored as JSONL under --root and can "
-            "be resumed (--resume ID) or forked at a turn boundary (--fork ID@SEQ). Ctrl-C cancels "
-            "the running turn; a second Ctrl-C (or Ctrl-D, or /exit) exits."
-        ),
-    )
-    p.add_argument("--root", default=None, help=f"session store directory (default: {default_root()})")
-    p.add_argument("--provider", choices=PROVIDERS, default="deepseek", help="model provider (default: deepseek)")
-    p.add_argument("--model", default=None, help="model name (default: deepseek-chat)")
-    p.add_argument("--base-url", default=None, help="OpenAI-compatible endpoint (default: https://api.deepseek.com)")
-    p.add_argument("--api-key-env", default="DEEPSEEK_API_KEY", help="environment variable holding the API key")
-    p.add_argument("--workdir", "-C", default=None, help="directory the tools may read (default: the current one)")
-    p.add_argument("--system", default=None, help="system prompt (default: a short one naming the tools)")
-    p.add_argument("--max-tokens", type=int, default=None, help="maximum output tokens per reply")
-    p.add_argument("--hide-reasoning", action="store_true", help="do not print the model's reasoning")
-    which = p.add_mutually_exclusive_group()
-    which.add_argument("--session", metavar="ID", default=None, help="id for the new session (default: generated)")
-    which.add_argument("--resume", metavar="ID", default=None, help="continue a stored session")
-    which.add_argument("--fork", metavar="ID@SEQ", default=None, help="continue a copy of a session cut after event SEQ")
-    which.add_argument("--list", action="store_true", help="list the stored sessions and exit")
-    p.set_defaults(chat_run=run)
-    return p
+    @click.command("chat", context_settings=CONTEXT)
+    @click.option("--root", metavar="DIR", default=None, help=f"session store directory (default: {default_root()})")
+    @click.option("--provider", type=click.Choice(PROVIDERS), default="deepseek", show_default=True, help="model provider")
+    @click.option("--model", default=None, help="model name (default: deepseek-chat)")
+    @click.option("--base-url", default=None, metavar="URL", help="OpenAI-compatible endpoint (default: https://api.deepseek.com)")
+    @click.option("--api-key-env", default=DEFAULT_KEY_ENV, metavar="VAR", show_default=True, help="environment variable holding the API key")
+    @click.option("--workdir", "-C", default=None, metavar="DIR", help="directory the tools may read (default: the current one)")
+    @click.option("--system", default=None, help="system prompt (default: a short one naming the tools)")
+    @click.option("--max-tokens", type=int, default=None, metavar="N", help="maximum output tokens per reply")
+    @click.option("--hide-reasoning", is_flag=True, help="do not print the model's reasoning")
+    @click.option("--new-id", "new_id", metavar="ID", default=None, help="id of the session this creates (new, or the --fork child; default: generated)")
+    @click.option("--session", "session_alias", metavar="ID", default=None, hidden=True)
+    @click.option("--resume", metavar="ID", default=None, help="continue a stored session")
+    @click.option("--fork", metavar="ID@SEQ", default=None, help="continue a copy of a session cut after event SEQ")
+    @click.option("--list", "list_", is_flag=True, help="list the stored sessions and exit")
+    def chat(**values: Any) -> None:
+        """Chat with an agent in the terminal. Sessions are stored as JSONL under --root
+        and can be resumed (--resume ID) or forked at a turn boundary (--fork ID@SEQ).
+        Line editing and history on a terminal; /help lists the commands. Ctrl-C cancels
+        the running turn; a second Ctrl-C (or Ctrl-D, or /exit) exits."""
+        new_id = values.pop("new_id") or values.pop("session_alias")
+        values.pop("session_alias", None)
+        chosen = [flag for flag, given in (("--resume", values["resume"]), ("--fork", values["fork"]), ("--list", values["list_"])) if given]
+        if new_id is not None and values["resume"] is not None:
+            chosen.append("--new-id")
+        if len(chosen) > 1:
+            raise click.UsageError(f"{' and '.join(chosen)} do not go together")
+        list_only = values.pop("list_")
+        args = argparse.Namespace(**values, list=list_only, session=new_id)
+        raise SystemExit(run(args))
+
+    return chat
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="harness")
-    register(parser.add_subparsers(dest="command", required=True))
-    sys.exit(run(parser.parse_args(argv)))
+    """``python -m harness.cli.chat ARGS``: ``harness chat ARGS``."""
+    from harness.cli import main as harness_main
+
+    harness_main(["chat", *(sys.argv[1:] if argv is None else argv)])
 
 
 def run(args: argparse.Namespace, *, stdout: TextIO | None = None, stdin_fd: int = 0) -> int:
@@ -132,8 +137,37 @@ def run(args: argparse.Namespace, *, stdout: TextIO | None = None, stdin_fd: int
         resume=args.resume,
         fork=fork,
         list_only=args.list,
+        again=_again(args),
     )
     return trio.run(_main, options, out, stdin_fd)
+
+
+def _again(args: argparse.Namespace) -> tuple[str, ...]:
+    """The options a later ``harness chat --resume ID`` needs to find the session and
+    talk to the same provider: an absolute ``--root`` unless it is the default, and
+    the provider options that were given."""
+    extra: list[str] = []
+    if args.root is not None:
+        root = Path(args.root).expanduser().resolve()
+        if root != default_root().expanduser().resolve():
+            extra += ["--root", str(root)]
+    if args.provider != "deepseek":
+        extra += ["--provider", args.provider]
+    for flag, value, default in (
+        ("--base-url", args.base_url, None),
+        ("--model", args.model, None),
+        ("--api-key-env", args.api_key_env, DEFAULT_KEY_ENV),
+    ):
+        if value is not None and value != default and args.provider == "deepseek":
+            extra += [flag, value]
+    return tuple(extra)
+
+
+def continue_command(session_id: str, again: tuple[str, ...]) -> str:
+    """The shell command that continues ``session_id``, quoted for a POSIX shell."""
+    import shlex
+
+    return shlex.join(["harness", "chat", "--resume", session_id, *again])
 
 
 class _Options(NamedTuple):
@@ -147,6 +181,7 @@ class _Options(NamedTuple):
     resume: str | None
     fork: tuple[str, int] | None
     list_only: bool
+    again: tuple[str, ...] = ()  # options the "continue with" command repeats
 
 
 # -- the workspace and its tools --------------------------------------------------------------------
@@ -251,7 +286,9 @@ class _Display:
 
     def __init__(self, out: TextIO, *, hide_reasoning: bool) -> None:
         self.out = out
-        self.tty = bool(getattr(out, "isatty", lambda: False)())
+        from harness.cli._output import use_color
+
+        self.tty = use_color(out)  # dim only on a terminal, and never with NO_COLOR
         self.hide_reasoning = hide_reasoning
         self._mode: str | None = None  # "reasoning" | "text" while a reply streams
 
@@ -374,8 +411,9 @@ def _shown_tools(tools: list[Tool], display: _Display) -> ToolSet:
 
 class OfflineProvider:
     """``--provider scripted``: the scripted provider, answering from rules instead of a
-    model. ``ls [PATH]`` lists a directory, ``read PATH`` reads a file, ``slow`` streams
-    for a while (try Ctrl-C), anything else is echoed; a tool result is summarized."""
+    model. ``ls [PATH]`` lists a directory, ``read PATH`` reads a file, ``slow [SECONDS]``
+    streams for a while (try Ctrl-C), anything else is echoed; a tool result is
+    summarized, and a ``/compact`` summary lists what the user said."""
 
     def __init__(self) -> None:
         from harness.agent import ScriptedProvider
@@ -391,8 +429,18 @@ class OfflineProvider:
 
     def _reply(self, request: ModelRequest) -> list[Any]:
         from harness.agent import Call, Delay, Say, Think
+        from harness.compaction._summarize import PURPOSE
         from harness.session import thaw
 
+        if request.purpose == PURPOSE:  # /compact: a short summary of what the user said
+            said = [
+                str(b.get("text", ""))
+                for m in map(thaw, request.messages[:-1])
+                if m.get("role") == "user"
+                for b in m.get("content") or []
+                if b.get("type") == "text"
+            ]
+            return [Say(("The user said: " + "; ".join(said))[:120])]
         last: Any = thaw(request.messages[-1]) if request.messages else {}
         blocks = last.get("content") or []
         results = [b for b in blocks if b.get("type") == "tool-result"]
@@ -408,8 +456,10 @@ class OfflineProvider:
         if word in ("read", "cat") and rest:
             return [Think(f"Read {rest}."), Call("read_file", {"path": rest})]
         if word == "slow":
+            # `slow [SECONDS]` (default 10): a reply long enough to press Ctrl-C in.
+            seconds = min(int(rest), 86_400) if rest.isdigit() else 10
             parts: list[Any] = [Think("This will take a while.")]
-            for i in range(1, 41):
+            for i in range(1, seconds * 4 + 1):
                 parts += [Say(f"{i}... "), Delay(0.25)]
             return [*parts, Say("done.")]
         return [
@@ -423,7 +473,8 @@ class OfflineProvider:
 
 class _Lines:
     """Lines from a file descriptor, read on a worker thread (no buffered ``sys.stdin``:
-    a thread abandoned at exit must not hold its lock)."""
+    a thread abandoned at exit must not hold its lock). Used when stdin is not a
+    terminal (piped prompts)."""
 
     def __init__(self, fd: int) -> None:
         self.fd = fd
@@ -431,6 +482,8 @@ class _Lines:
         self._eof = False
 
     async def readline(self) -> str | None:
+        """The next line, ``None`` at the end of input. Cancellation: the read's thread
+        is abandoned (it ends with the process)."""
         import trio
 
         while b"\n" not in self._buf and not self._eof:
@@ -444,16 +497,83 @@ class _Lines:
         return line.decode("utf-8", errors="replace").rstrip("\r")
 
 
-class _Chat:
-    """The conversation: reads prompts, runs turns, handles Ctrl-C."""
+class PromptInterrupted(Exception):
+    """Ctrl-C typed at the prompt (the terminal is in raw mode there: no SIGINT)."""
 
-    def __init__(self, display: _Display, lines: _Lines, *, interactive: bool) -> None:
+
+def history_path() -> Path:
+    """The chat's line history: ``$XDG_STATE_HOME/trio-harness/chat-history``
+    (``~/.local/state`` without it); outside the store root, which holds sessions only."""
+    base = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
+    return Path(base) / "trio-harness" / "chat-history"
+
+
+class PromptLines:
+    """Lines typed at a terminal with prompt_toolkit: line editing (arrow keys, Emacs
+    keys), history across runs (up/down, Ctrl-R). prompt_toolkit runs its own asyncio
+    loop, so each prompt runs on a worker thread; Trio waits for it."""
+
+    def __init__(self, message: str, *, input: Any = None, output: Any = None) -> None:
+        """``input``/``output``: prompt_toolkit's (default: the terminal's; tests pass a
+        pipe input and a dummy output)."""
+        from prompt_toolkit import PromptSession
+        from prompt_toolkit.history import FileHistory, InMemoryHistory
+
+        self.message = message
+        path = history_path()
+        history: Any
+        try:
+            path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            history = FileHistory(str(path))
+        except OSError:  # a read-only home: history for this run only
+            history = InMemoryHistory()
+        self.session: Any = PromptSession(history=history, input=input, output=output)
+
+    async def readline(self) -> str | None:
+        """The next line; ``None`` on Ctrl-D; :class:`PromptInterrupted` on Ctrl-C.
+
+        Cancellation: the prompt is told to exit (its application is asked to stop on
+        its own loop, so the terminal leaves raw mode) and its thread is abandoned."""
+        import trio
+
+        def work() -> str | None:
+            try:
+                line: str = self.session.prompt(self.message)
+            except EOFError:
+                return None
+            except KeyboardInterrupt:
+                raise PromptInterrupted() from None
+            return line
+
+        try:
+            return await trio.to_thread.run_sync(work, abandon_on_cancel=True)
+        except trio.Cancelled:
+            self._stop()
+            raise
+
+    def _stop(self) -> None:
+        app = self.session.app
+        loop = getattr(app, "loop", None)
+        if app.is_running and loop is not None:
+
+            def exit_prompt() -> None:
+                if app.is_running and not app.future.done():
+                    app.exit(exception=EOFError())
+
+            loop.call_soon_threadsafe(exit_prompt)
+
+
+class _Chat:
+    """The conversation: reads prompts, runs turns and slash commands, handles Ctrl-C."""
+
+    def __init__(self, display: _Display, lines: _Lines | PromptLines, *, interactive: bool) -> None:
         import trio
 
         self.display = display
         self.lines = lines
         self.interactive = interactive
         self.handle: AgentHandle | None = None
+        self.commands: Any = None  # the loop's Commands, once the loop runs
         self.running = False
         self.exit_armed = False
         self.leaving = False
@@ -485,11 +605,17 @@ class _Chat:
     async def prompts(self, handle: AgentHandle) -> None:
         self.handle = handle
         while True:
-            if self.interactive:
+            if self.interactive and isinstance(self.lines, _Lines):
                 self.display.write("you> ")
-            line = await self.lines.readline()
+            try:
+                line = await self.lines.readline()
+            except PromptInterrupted:
+                self.interrupt()
+                if self.leaving:
+                    return
+                continue
             if line is None:
-                if self.interactive:
+                if self.interactive and isinstance(self.lines, _Lines):
                     self.display.write("\n")
                 return
             self.exit_armed = False
@@ -498,13 +624,31 @@ class _Chat:
                 continue
             if text in ("/exit", "/quit"):
                 return
-            if text == "/help":
-                self.display.line("/exit (or Ctrl-D) leaves; Ctrl-C cancels a running turn; /session shows the session")
-                continue
-            if text == "/session":
-                self.display.line(f"session {handle.id}: {handle.session.seq} events, turn {handle.session.last_turn()}")
+            if text.startswith("/") and len(text) > 1 and not text[1].isspace():
+                await self.command(handle, text)
                 continue
             await self.turn(handle, text)
+
+    async def command(self, handle: AgentHandle, text: str) -> None:
+        """A slash command, through the loop's ``Commands`` (logged as
+        ``command/run``/``command/done``); an unknown one is answered here and nothing
+        is sent to the model or written."""
+        from harness.agent import UnknownCommandError
+
+        self.running = True
+        try:
+            result = await self.commands.run(handle.agent, text)
+        except UnknownCommandError:
+            name = text[1:].split(maxsplit=1)[0]
+            self.display.line(f"unknown command /{name}; /help lists the commands")
+            return
+        except HarnessError as exc:  # the handler failed; command/done recorded it
+            self.display.line(f"/{text[1:].split(maxsplit=1)[0]} failed: {exc.code}: {exc}")
+            return
+        finally:
+            self.running = False
+        if result.text:
+            self.display.line(result.text if result.kind == "success" else f"error: {result.text}")
 
     async def turn(self, handle: AgentHandle, text: str) -> None:
         self.running = True
@@ -547,7 +691,12 @@ async def _main(options: _Options, out: TextIO, stdin_fd: int) -> int:
     import trio
 
     display = _Display(out, hide_reasoning=options.hide_reasoning)
-    chat = _Chat(display, _Lines(stdin_fd), interactive=os.isatty(stdin_fd))
+    interactive = os.isatty(stdin_fd)
+    # Line editing and history when a person types at a terminal (stdin and stdout);
+    # anything else reads plain lines.
+    editing = interactive and stdin_fd == 0 and out.isatty() and not options.list_only
+    lines: _Lines | PromptLines = PromptLines("you> ") if editing else _Lines(stdin_fd)
+    chat = _Chat(display, lines, interactive=interactive)
     with trio.open_signal_receiver(signal.SIGINT) as signals:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_watch_signals, signals, chat)
@@ -561,7 +710,7 @@ async def _session(options: _Options, display: _Display, chat: _Chat) -> int:
     import uuid
 
     from actors import Owner
-    from harness.agent import open_agent_loop
+    from harness.agent import AgentCompaction, open_agent_loop
     from harness.demo import make_private_dirs
     from harness.errors import HarnessError
     from harness.persistence import JsonlBackend, open_persistence
@@ -591,10 +740,17 @@ async def _session(options: _Options, display: _Display, chat: _Chat) -> int:
                     workspace.root = stored
             system = options.system or SYSTEM.format(root=workspace.root)
             handle: AgentHandle | None = None
+            # /compact summarizes with the provider itself (not the shown one: a summary is
+            # not a reply to print).
+            compaction = AgentCompaction(summary_provider=provider)
             async with (
-                open_agent_loop(store, provider=_Shown(provider, display), tools=tools, persistence=persistence, system=system) as loop,
+                open_agent_loop(
+                    store, provider=_Shown(provider, display), tools=tools, persistence=persistence, system=system, compaction=compaction
+                ) as loop,
                 Owner("chat") as owner,
             ):
+                chat.commands = loop.commands
+                install_chat_commands(loop.commands, store, options)
                 with chat.scope:
                     try:
                         if options.resume:
@@ -602,7 +758,7 @@ async def _session(options: _Options, display: _Display, chat: _Chat) -> int:
                             how = "resumed"
                         elif options.fork:
                             source, seq = options.fork
-                            child = f"{source}-fork-{uuid.uuid4().hex[:6]}"
+                            child = options.session or f"{source}-fork-{uuid.uuid4().hex[:6]}"
                             await _fork(store, persistence, source, seq, child)
                             handle = await loop.resume(child, owner=owner)
                             how = f"forked from {source} after seq {seq}"
@@ -621,7 +777,7 @@ async def _session(options: _Options, display: _Display, chat: _Chat) -> int:
                     await chat.prompts(handle)
                 chat.leaving = True
             if handle is not None:
-                display.line(f"session {handle.id} saved under {options.root}; continue with: harness chat --resume {handle.id}")
+                display.line(f"session {handle.id} saved under {options.root}; continue with: {continue_command(handle.id, options.again)}")
     except* HarnessError as group:
         for failure in group.exceptions:
             display.line(f"harness chat: {getattr(failure, 'code', 'ERROR')}: {failure}")
@@ -630,6 +786,51 @@ async def _session(options: _Options, display: _Display, chat: _Chat) -> int:
         if not offline:
             await provider.aclose()
     return status
+
+
+EXIT_COMMANDS: Final = ("exit", "quit")
+"""Handled by the prompt loop itself (they end it); listed by /help."""
+
+
+def install_chat_commands(commands: Any, store: Store, options: _Options) -> None:
+    """Register ``/session``, ``/fork`` and ``/help`` beside the loop's ``/compact``:
+    every slash command of the chat runs through ``Commands`` and is logged."""
+    from harness.agent import CommandInvocation, CommandResult
+
+    async def session(invocation: CommandInvocation) -> CommandResult:
+        s = invocation.agent.session
+        return CommandResult("success", f"session {s.id}: {s.seq} events, turn {s.last_turn()}, stored under {options.root}")
+
+    async def fork(invocation: CommandInvocation) -> CommandResult:
+        words = invocation.raw_input.split()
+        agent = invocation.agent
+        if len(words) > 2 or (words and not words[0].isdigit()):
+            return CommandResult("error", "Usage: /fork [SEQ [NEW_ID]] (SEQ: a turn's end seq; default: the last)")
+        seq = int(words[0]) if words else agent.session.seq - 1
+        child = words[1] if len(words) == 2 else f"{agent.session.id}-fork-{_hex(6)}"
+        branch = await store.fork(agent.session, seq, child)
+        try:
+            await branch.flush()
+        finally:
+            await store.detach(branch)
+        return CommandResult("success", f"forked {child} after seq {seq}; continue it with: {continue_command(child, options.again)}")
+
+    async def help_(invocation: CommandInvocation) -> CommandResult:
+        rows = [(f"/{c.name}", c.description) for c in commands.list()]
+        rows += [("/exit, /quit", "Leave (as Ctrl-D); the session is saved")]
+        width = max(len(name) for name, _ in rows)
+        keys = "Ctrl-C cancels a running reply; Ctrl-C twice or Ctrl-D exits; up/down: history"
+        return CommandResult("success", "\n".join([*(f"{n.ljust(width)}  {d}" for n, d in rows), keys]))
+
+    commands.register("session", "Show the session: id, events, turn, store", session)
+    commands.register("fork", "Store a copy of this session cut after SEQ (default: now): /fork [SEQ [NEW_ID]]", fork)
+    commands.register("help", "List the commands", help_)
+
+
+def _hex(n: int) -> str:
+    import uuid
+
+    return uuid.uuid4().hex[:n]
 
 
 def _directory(path: object) -> Path | None:

@@ -1,6 +1,6 @@
 """The agent story of ``harness demo``: run, crash mid-turn, resume, fork.
 
-The first act runs in a child process (``python -m harness._demo_agent ROOT``) so it
+The first act runs in a child process (``python -m harness.demo._agent ROOT``) so it
 can be killed for real with SIGKILL in the middle of a tool call; the parent then
 resumes the session from disk, continues it, and forks it at a turn boundary.
 """
@@ -151,7 +151,7 @@ async def acts_2_and_3(root: Path) -> None:
         boundary = next(e.seq for e in s.events if e.type == "turn/end")
         branch = await store.fork(s, boundary, "assistant-branch")
         h = branch.header
-        print(f"    forked {branch.id!r} at seq {boundary}: parent={h.parent_session!r} seed_length={h.seed_length}")
+        print(f"    forked {branch.id} from {h.parent_session} at seq {boundary} (it starts with a copy of its first {h.seed_length} events)")
         branch_agent = Agent(branch, provider, TOOLS)
         r = await branch_agent.run_turn("Summarise, on the branch.")
         print(f"    branch turn {r.turn}: {r.kind}")
@@ -163,15 +163,16 @@ async def acts_2_and_3(root: Path) -> None:
 
 def _list_logs(root: Path) -> None:
     print(f"\n  both sessions are on disk under {root}:")
-    for p in sorted(root.rglob("session.jsonl")):
-        print(f"    {p.relative_to(root)}  ({p.stat().st_size} bytes)")
+    from harness.demo._show import stored_sessions
+
+    stored_sessions(root)
 
 
 def run_agent_story(root: Path) -> int:
     print(f"== the agent story: run, crash, resume, fork (logs under {root}) ==")
     print("\n  act 1: a scripted agent in a child process")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parent.parent), os.environ.get("PYTHONPATH", "")])}
-    with subprocess.Popen([sys.executable, "-m", "harness._demo_agent", str(root)], stdout=subprocess.PIPE, env=env) as child:
+    with subprocess.Popen([sys.executable, "-m", "harness.demo._agent", str(root)], stdout=subprocess.PIPE, env=env) as child:
         assert child.stdout is not None
         for raw in child.stdout:
             line = raw.decode().rstrip()
