@@ -39,19 +39,25 @@ def _ensure_venv() -> None:
     STAMP.write_text(digest)
 
 
-def _ensure_tmux() -> None:
-    """tests/test_chat_tmux.py drives `harness chat` in tmux (it skips without it). CI
-    runs as root on Debian: install it there; elsewhere say how."""
-    if shutil.which("tmux"):
-        return
-    if os.name == "posix" and os.geteuid() == 0 and shutil.which("apt-get"):
+# Debian packages that some checks drive when present: tmux (tests/test_chat_tmux.py
+# drives `harness chat` in it) and Chromium (docs/_ext/browser_check.py measures the
+# built site). Each check skips, saying so, where its program is missing.
+SYSTEM_PACKAGES = {"tmux": "tmux", "chromium": "chromium"}
+
+
+def _ensure_system_packages() -> None:
+    """Install the missing SYSTEM_PACKAGES where that is possible without asking (root
+    with apt-get, as CI is); elsewhere say which checks will be skipped."""
+    missing = [pkg for exe, pkg in SYSTEM_PACKAGES.items() if not shutil.which(exe)]
+    if missing and os.name == "posix" and os.geteuid() == 0 and shutil.which("apt-get"):
         env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-        for cmd in (["apt-get", "update", "-q"], ["apt-get", "install", "-y", "-q", "tmux"]):
+        for cmd in (["apt-get", "update", "-q"], ["apt-get", "install", "-y", "-q", *missing]):
             print("+ " + " ".join(cmd), flush=True)
             if subprocess.run(cmd, env=env, stdout=subprocess.DEVNULL).returncode != 0:
                 break
-    if not shutil.which("tmux"):
-        print("dev.py: tmux is not installed: tests/test_chat_tmux.py will be skipped", flush=True)
+    for exe in SYSTEM_PACKAGES:
+        if not shutil.which(exe):
+            print(f"dev.py: {exe} is not installed: the checks that drive it will be skipped", flush=True)
 
 
 def _run(cmd: list[str]) -> None:
@@ -71,7 +77,7 @@ def main(argv: list[str]) -> None:
     elif command == "bench":
         _run([str(BIN / "harness"), "bench", *rest])
     else:
-        _ensure_tmux()
+        _ensure_system_packages()
         _run([str(BIN / "ruff"), "check", "actors", "harness", "tests", "docs"])
         _run([str(PY), "-m", "mypy"])
         # pytest-xdist: one worker per core; the PostgreSQL tests share one worker
@@ -82,7 +88,7 @@ def main(argv: list[str]) -> None:
         _run([str(BIN / "mkdocs"), "build", "--strict", "--quiet", "--site-dir", str(ROOT / "site")])
         # Every page of the built site in headless Chromium at 1280 px: no code line, table
         # or page wider than its column (skipped with a notice where Chromium is missing,
-        # an error under CI, whose .ci/run installs it).
+        # an error under CI, where _ensure_system_packages installs it).
         _run([str(PY), str(ROOT / "docs" / "_ext" / "browser_check.py"), str(ROOT / "site")])
         # A bounded fault-exploration campaign over every built-in scenario on both
         # backends (docs/faults.md); it prints the steps explored per scenario and

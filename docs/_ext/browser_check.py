@@ -12,8 +12,8 @@ of the site in turn in a 1280 x 900 frame, and measures, in each page:
 
 Exit status 0 when nothing overflows, 1 when something does (each finding printed with
 its page and the first characters of the element), 2 when Chromium is missing: outside
-CI that is a notice, not a failure; with ``CI`` set it is an error, since CI installs
-Chromium (``.ci/run``).
+CI that is a notice, not a failure; with ``CI`` set it is an error, since `python3 dev.py test` installs it
+there (as root, with apt-get).
 """
 
 from __future__ import annotations
@@ -170,7 +170,7 @@ def main(argv: list[str]) -> int:
     if browser is None:
         message = "browser_check: no Chromium on PATH (apt-get install chromium)"
         if os.environ.get("CI"):
-            print(message + "; CI must run this check", file=sys.stderr)
+            print(message + "; CI must run this check (dev.py test installs it as root)", file=sys.stderr)
             return 2
         print(message + "; the docs overflow check is skipped")
         return 0
