@@ -242,6 +242,8 @@ def counter(fixed: bool = False):  # type: ignore[no-untyped-def]
     return counter_restore
 
 
+COUNTER_BUGGY = counter(False)
+
 SHAPES = {
     "handoff": (handoff, "get"),
     "notification": (notification, "wait"),
