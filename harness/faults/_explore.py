@@ -986,6 +986,7 @@ def run_attempt(
         outcome_ = "violation"
     info = probe.fired_task
     cancelled = tuple(probe.cancelled.values())
+    injection = _injection_of(probe)
     violations = tuple(
         Violation(
             scenario=name,
@@ -997,7 +998,7 @@ def run_attempt(
             stack=info.stack if info else (),
             traceback=tb,
             kind=kind,
-            injection=probe.injection,
+            injection=injection,
             cancelled=cancelled,
             detected=detected,
             blocked=blocked if kind == "hang" else (),
@@ -1157,8 +1158,35 @@ def _task_info(task: trio.lowlevel.Task) -> TaskInfo:
 
 def _function_of(task: trio.lowlevel.Task) -> str:
     code = getattr(task.coro, "cr_code", None)
-    qual = str(code.co_qualname) if code is not None else task.name
-    return qual.rsplit("<locals>.", 1)[-1]
+    frame = getattr(task.coro, "cr_frame", None)
+    module = str(frame.f_globals.get("__name__", "")) if frame is not None else ""
+    if code is None or f"{module}:".startswith(_INTERNAL) or module.startswith(_INTERNAL):
+        # A wrapper (AnyIO's task runner, ...): the task's name is the function's.
+        qual = task.name
+        qual = qual.rsplit("<locals>.", 1)[-1] if "<locals>." in qual else qual.rsplit(".", 1)[-1]
+        return qual
+    return str(code.co_qualname).rsplit("<locals>.", 1)[-1]
+
+
+def _is_ancestor(task: trio.lowlevel.Task, other: trio.lowlevel.Task) -> bool:
+    nursery = other.parent_nursery
+    while nursery is not None:
+        parent = nursery.parent_task
+        if parent is task:
+            return True
+        nursery = parent.parent_nursery
+    return False
+
+
+def _injection_of(probe: Probe) -> TaskSite | None:
+    """The injection point: the first task to receive ``Cancelled`` that is not an
+    ancestor of another receiver (a parent waiting at its nursery's end receives it in
+    the same batch as the child it waits for, in either order)."""
+    receivers = list(probe.cancelled)
+    for task in receivers:
+        if not any(_is_ancestor(task, other) for other in receivers if other is not task):
+            return probe.cancelled[task]
+    return probe.injection
 
 
 def _frame_file(frame: FrameType, lineno: int) -> str:
