@@ -19,6 +19,11 @@ Fixtures:
   injected at every scheduler step (:func:`harness.faults.explore`), asserts no
   violation and returns the :class:`~harness.faults.ExploreReport`.
 
+Marker: ``@pytest.mark.explore(cancellers=..., seeds=..., ...)`` on an ``async def``
+test taking ``probe`` explores the test itself the same way (every schedule seed, a
+cancellation by every canceller at every step) and fails with the report's grouped
+summary (see docs/testing.md).
+
 Helpers: :func:`assert_log_ok` (a session log satisfies :func:`harness.faults.check_log`
 and replays through :class:`~harness.session.RelationalInvariants`) and
 :func:`open_test_runtime` (the runtime of ``harness_runtime``, with your options).
@@ -26,6 +31,7 @@ and replays through :class:`~harness.session.RelationalInvariants`) and
 
 from __future__ import annotations
 
+import inspect
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
@@ -61,6 +67,7 @@ __all__ = [
     "harness_backend",
     "harness_runtime",
     "open_test_runtime",
+    "probe",
     "scripted_provider",
 ]
 
@@ -230,9 +237,11 @@ class ExploreCheckpoints:
     setup). The body records its own checks with ``probe.check(cond, msg)`` and may bind
     more cancellers with ``probe.canceller(name, action)``.
 
-    ``seeds``, ``stride``, ``max_steps``, ``cancellers`` and ``settings`` go to
-    ``explore`` (default settings: ``Settings(autojump_threshold=0.0)``, mock time).
-    ``check=False`` returns the report without asserting. Call it from a synchronous
+    ``seeds``, ``stride``, ``max_steps``, ``cancellers``, ``settings``, ``allowed``,
+    ``max_attempts`` and ``max_seconds`` go to ``explore`` (default settings:
+    ``Settings(autojump_threshold=0.0)``, mock time). A violation fails with the
+    report's grouped summary (``str(report)``); ``check=False`` returns the report
+    without asserting. Call it from a synchronous
     test: each attempt is a ``trio.run`` of its own (from an async test it works but
     blocks the test's loop while it runs).
     """
@@ -247,12 +256,15 @@ class ExploreCheckpoints:
         *,
         name: str | None = None,
         arm: bool = True,
-        seeds: int | Sequence[int] = 1,
+        seeds: int | Sequence[int] | None = None,
         stride: int = 1,
         max_steps: int | None = None,
         cancellers: Sequence[str] | None = None,
         settings: Settings | None = None,
         check: bool = True,
+        allowed: Sequence[type[BaseException]] | None = None,
+        max_attempts: int | None = None,
+        max_seconds: float | None = None,
     ) -> ExploreReport:
         async def scenario(probe: Probe) -> None:
             with trio.CancelScope() as caller:
@@ -270,13 +282,13 @@ class ExploreCheckpoints:
             max_steps=max_steps,
             cancellers=cancellers,
             settings=settings or Settings(autojump_threshold=0.0),
+            allowed=allowed,
+            max_attempts=max_attempts,
+            max_seconds=max_seconds,
         )
         self.reports.append(report)
         if check and not report.ok:
-            lines = [f"{v.key} (x{n}): {v.message}" for v, n in report.distinct()]
-            raise AssertionError(
-                f"{len(report.violations)} violation(s) in {report.attempts} attempts:\n  " + "\n  ".join(lines)
-            )
+            raise AssertionError(str(report))
         return report
 
 
@@ -284,3 +296,58 @@ class ExploreCheckpoints:
 def explore_checkpoints(request: pytest.FixtureRequest) -> ExploreCheckpoints:
     """Explore a test body at every checkpoint (see :class:`ExploreCheckpoints`)."""
     return ExploreCheckpoints(request.node.name.replace(":", "_"))
+
+
+@pytest.fixture
+def probe() -> None:
+    """The :class:`~harness.faults.Probe` of the attempt, in a test marked
+    ``@pytest.mark.explore`` (each attempt passes its own; outside such a test it is
+    ``None``)."""
+    return None
+
+
+_EXPLORE_OPTIONS: Final = frozenset(
+    {"name", "arm", "seeds", "stride", "max_steps", "cancellers", "settings", "allowed", "max_attempts", "max_seconds"}
+)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "explore(cancellers=None, seeds=None, stride=1, max_steps=None, settings=None, arm=True, allowed=None, "
+        "max_attempts=None, max_seconds=None): run this async test under harness.faults.explore (every "
+        "schedule seed, a cancellation at every checkpoint); it takes the attempt's `probe`",
+    )
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # The explorer runs a marked test itself (one trio.run per attempt): it must not
+    # also be run by pytest-trio, whose trio_mode marks every async test.
+    for item in items:
+        if item.get_closest_marker("explore") is not None:
+            item.own_markers[:] = [m for m in item.own_markers if m.name != "trio"]
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
+    marker = pyfuncitem.get_closest_marker("explore")
+    if marker is None:
+        return None
+    fn = pyfuncitem.obj
+    if not inspect.iscoroutinefunction(fn):
+        raise pytest.UsageError(f"@pytest.mark.explore needs an async test: {pyfuncitem.nodeid}")
+    unknown = set(marker.kwargs) - _EXPLORE_OPTIONS
+    if marker.args or unknown:
+        raise pytest.UsageError(f"@pytest.mark.explore takes keywords {sorted(_EXPLORE_OPTIONS)}, got {marker.args} {sorted(unknown)}")
+    names = pyfuncitem._fixtureinfo.argnames
+    fixtures = {n: pyfuncitem.funcargs[n] for n in names if n != "probe"}
+    takes_probe = "probe" in names
+
+    async def body(probe: Probe) -> None:
+        await (fn(probe=probe, **fixtures) if takes_probe else fn(**fixtures))
+
+    options = dict(marker.kwargs)
+    options.setdefault("name", pyfuncitem.name.replace(":", "_"))
+    ExploreCheckpoints(pyfuncitem.name.replace(":", "_"))(body, **options)
+    return True
