@@ -308,6 +308,8 @@ class Attempt:
     ``outcome`` is ``"ok"``, ``"typed error"`` (a library error escaped, allowed),
     ``"expected"`` (e.g. a simulated crash), ``"violation"`` (something was recorded),
     ``"hang"`` or ``"raw exception"``.
+    ``injection`` / ``cancelled``: the first receiver of ``Cancelled`` and every one
+    (see :class:`Violation`); ``perturbations``: the schedule's priority changes.
     ``gate_timeouts`` counts worker threads the run stopped waiting for (each one makes
     the schedule depend on thread timing: see the determinism notes in docs/faults.md).
     """
@@ -326,6 +328,9 @@ class Attempt:
     gate_timeouts: int = 0
     cancellers: tuple[str, ...] = ()
     logs: tuple[str, ...] = ()
+    injection: TaskSite | None = None
+    cancelled: tuple[TaskSite, ...] = ()
+    perturbations: int = 0
 
     @property
     def key(self) -> ReplayKey:
@@ -1021,6 +1026,9 @@ def run_attempt(
         gate_timeouts=gate.timeouts,
         cancellers=tuple(probe.cancellers),
         logs=tuple(f"{r.levelname} {r.name}: {r.getMessage()}" for r in collector.records),
+        injection=injection,
+        cancelled=cancelled,
+        perturbations=scheduler.perturbations,
     )
 
 
