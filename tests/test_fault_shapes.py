@@ -106,3 +106,23 @@ def test_the_minimal_replay_is_printed_as_a_pytest_test(pytester: pytest.Pyteste
     result = pytester.runpytest_inprocess("-p", "no:cacheprovider", "-q")
     result.assert_outcomes(failed=1)  # fails until the bug is fixed
     assert "active = 1 after every call returned" in result.stdout.str()
+
+
+def test_the_tutorial_shows_what_the_code_prints() -> None:
+    """docs/tutorials/faults.md, section 6: each block's output is the text block after
+    it (wall times aside)."""
+    import contextlib
+    import io
+    import re
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "tutorials" / "faults.md").read_text()
+    section = doc[doc.index("## 6. Five bug shapes") :]
+    pairs = re.findall(r"```python\n(.*?)```\n\n```text\n(.*?)```", section, re.S)
+    assert len(pairs) == 5
+    seconds = re.compile(r"\d+\.\d+s$", re.M)
+    for code, shown in pairs:
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            exec(compile(code, "<tutorial>", "exec"), {"__name__": "__main__"})
+        assert seconds.sub("Ts", out.getvalue()) == seconds.sub("Ts", shown), code.splitlines()[-1]

@@ -227,7 +227,7 @@ def test_the_testing_doc_examples_run_as_written(pytester: pytest.Pytester) -> N
     pytester.makeini("[pytest]\ntrio_mode = true\n")
     pytester.makepyfile(test_doc=code)
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
-    result.assert_outcomes(passed=10)
+    result.assert_outcomes(passed=11)
 
 
 MARKED = '''
