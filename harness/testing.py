@@ -31,7 +31,6 @@ and replays through :class:`~harness.session.RelationalInvariants`) and
 
 from __future__ import annotations
 
-import inspect
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
@@ -306,48 +305,13 @@ def probe() -> None:
     return None
 
 
-_EXPLORE_OPTIONS: Final = frozenset(
-    {"name", "arm", "seeds", "stride", "max_steps", "cancellers", "settings", "allowed", "max_attempts", "max_seconds"}
+# The marker's hooks live in harness.faults._pytest (pytest finds them here, on the plugin).
+from harness.faults._pytest import (  # noqa: E402
+    pytest_collection_modifyitems as pytest_collection_modifyitems,
 )
-
-
-def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line(
-        "markers",
-        "explore(cancellers=None, seeds=None, stride=1, max_steps=None, settings=None, arm=True, allowed=None, "
-        "max_attempts=None, max_seconds=None): run this async test under harness.faults.explore (every "
-        "schedule seed, a cancellation at every checkpoint); it takes the attempt's `probe`",
-    )
-
-
-@pytest.hookimpl(trylast=True)
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    # The explorer runs a marked test itself (one trio.run per attempt): it must not
-    # also be run by pytest-trio, whose trio_mode marks every async test.
-    for item in items:
-        if item.get_closest_marker("explore") is not None:
-            item.own_markers[:] = [m for m in item.own_markers if m.name != "trio"]
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
-    marker = pyfuncitem.get_closest_marker("explore")
-    if marker is None:
-        return None
-    fn = pyfuncitem.obj
-    if not inspect.iscoroutinefunction(fn):
-        raise pytest.UsageError(f"@pytest.mark.explore needs an async test: {pyfuncitem.nodeid}")
-    unknown = set(marker.kwargs) - _EXPLORE_OPTIONS
-    if marker.args or unknown:
-        raise pytest.UsageError(f"@pytest.mark.explore takes keywords {sorted(_EXPLORE_OPTIONS)}, got {marker.args} {sorted(unknown)}")
-    names = pyfuncitem._fixtureinfo.argnames
-    fixtures = {n: pyfuncitem.funcargs[n] for n in names if n != "probe"}
-    takes_probe = "probe" in names
-
-    async def body(probe: Probe) -> None:
-        await (fn(probe=probe, **fixtures) if takes_probe else fn(**fixtures))
-
-    options = dict(marker.kwargs)
-    options.setdefault("name", pyfuncitem.name.replace(":", "_"))
-    ExploreCheckpoints(pyfuncitem.name.replace(":", "_"))(body, **options)
-    return True
+from harness.faults._pytest import (
+    pytest_configure as pytest_configure,
+)
+from harness.faults._pytest import (
+    pytest_pyfunc_call as pytest_pyfunc_call,
+)

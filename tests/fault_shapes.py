@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections import deque
 
 import trio
+import trio.lowlevel
 
 from harness.faults import Probe
 
@@ -53,7 +54,7 @@ def handoff(fixed: bool = False):  # type: ignore[no-untyped-def]
             probe.arm()
             for i in range(3):
                 box.put(i)
-                await trio.sleep(0)
+                await trio.lowlevel.checkpoint()
             await trio.testing.wait_all_tasks_blocked()
             probe.disarm()
             nursery.cancel_scope.cancel()
@@ -194,7 +195,7 @@ def close_handshake(fixed: bool = False):  # type: ignore[no-untyped-def]
         async def transport() -> None:
             await trio.sleep(0.01)
             ws.send_frames.send_nowait("close")
-            await trio.sleep(0)  # the TCP close arrives right behind the close frame
+            await trio.lowlevel.checkpoint()  # the TCP close arrives right behind the close frame
             ws.tcp_closed()
 
         with trio.CancelScope() as scope:

@@ -42,7 +42,7 @@ def test_a_cancellation_bug_is_one_group_naming_the_cancelled_task_and_site(shap
     assert v.injection in v.cancelled
     assert v.detected is not None and v.detected.site.startswith("tests.fault_shapes:")
     text = str(report)
-    assert f"1 group(s)" in text and str(group.first.key) in text and v.injection.site in text
+    assert "1 group(s)" in text and str(group.first.key) in text and v.injection.site in text
     # The minimal replay reproduces the same cause.
     assert report.confirmed == {group.signature: True}
     again = replay(SHAPES[shape][0](False), group.smallest.key)
