@@ -52,6 +52,11 @@ from harness.faults import (
     check_log,
     explore,
 )
+from harness.faults._pytest import (  # the explore marker's hooks: pytest finds them on this plugin
+    pytest_collection_modifyitems as pytest_collection_modifyitems,
+)
+from harness.faults._pytest import pytest_configure as pytest_configure
+from harness.faults._pytest import pytest_pyfunc_call as pytest_pyfunc_call
 from harness.session import Event, RelationalInvariants
 
 __all__ = [
@@ -304,14 +309,3 @@ def probe() -> None:
     ``None``)."""
     return None
 
-
-# The marker's hooks live in harness.faults._pytest (pytest finds them here, on the plugin).
-from harness.faults._pytest import (  # noqa: E402
-    pytest_collection_modifyitems as pytest_collection_modifyitems,
-)
-from harness.faults._pytest import (
-    pytest_configure as pytest_configure,
-)
-from harness.faults._pytest import (
-    pytest_pyfunc_call as pytest_pyfunc_call,
-)
