@@ -438,7 +438,7 @@ class Probe:
     * ``check(condition, message)``/``fail(message)``/``record(messages)`` record
       violations; ``acknowledge(session_id, seq)`` records an event known durable.
     * ``seed``, ``rng`` (seeded), ``k`` (0 in the dry run), ``canceller_name``,
-      ``fired``, ``tmp_path`` (fresh per attempt) and ``faults`` (the fault layer of an
+      ``fired``, ``tmp_path`` (fresh per attempt, created when first read) and ``faults`` (the fault layer of an
       I/O or crash attempt, else ``None``) describe the attempt.
     """
 
@@ -449,7 +449,7 @@ class Probe:
         seed: int,
         k: int,
         canceller_name: str | None,
-        tmp_path: Path,
+        tmp_path: Path | Callable[[], Path],
         faults: object | None = None,
     ) -> None:
         self.scenario = scenario
@@ -457,7 +457,7 @@ class Probe:
         self.rng = random.Random(f"{scenario}:{seed}")
         self.k = k
         self.canceller_name = canceller_name
-        self.tmp_path = tmp_path
+        self._tmp_path = tmp_path
         self.faults = faults
         self.fired = False
         self.fired_task: TaskInfo | None = None
@@ -477,6 +477,14 @@ class Probe:
         self._detected: dict[int, TaskSite] = {}  # message index -> who recorded it
         self.cancelled: dict[trio.lowlevel.Task, TaskSite] = {}  # first Cancelled seen, per task
         self.injection: TaskSite | None = None
+
+    @property
+    def tmp_path(self) -> Path:
+        """A fresh directory of this attempt (made on first use: most scenarios of
+        in-memory code never need one, and it costs a mkdir and an rmtree)."""
+        if not isinstance(self._tmp_path, Path):
+            self._tmp_path = self._tmp_path()
+        return self._tmp_path
 
     # -- declaring ---------------------------------------------------------------------
 
@@ -891,8 +899,10 @@ def run_attempt(
     started = time.perf_counter()
     label = label or canceller or "dry"
     with contextlib.ExitStack() as stack:
-        tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="harness-chaos-", ignore_cleanup_errors=True)))
-        probe = Probe(scenario=name, seed=seed, k=k, canceller_name=canceller, tmp_path=tmp, faults=faults)
+        def make_tmp() -> Path:
+            return Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="harness-chaos-", ignore_cleanup_errors=True)))
+
+        probe = Probe(scenario=name, seed=seed, k=k, canceller_name=canceller, tmp_path=make_tmp, faults=faults)
         gate = _ThreadGate(settings.thread_wait)
         counter = _StepCounter(probe, gate)
         box: dict[str, Any] = {}
@@ -1176,23 +1186,19 @@ def _function_of(task: trio.lowlevel.Task) -> str:
     return str(code.co_qualname).rsplit("<locals>.", 1)[-1]
 
 
-def _is_ancestor(task: trio.lowlevel.Task, other: trio.lowlevel.Task) -> bool:
-    nursery = other.parent_nursery
-    while nursery is not None:
-        parent = nursery.parent_task
-        if parent is task:
-            return True
-        nursery = parent.parent_nursery
-    return False
-
-
 def _injection_of(probe: Probe) -> TaskSite | None:
     """The injection point: the first task to receive ``Cancelled`` that is not an
     ancestor of another receiver (a parent waiting at its nursery's end receives it in
     the same batch as the child it waits for, in either order)."""
     receivers = list(probe.cancelled)
+    parents: set[trio.lowlevel.Task] = set()
     for task in receivers:
-        if not any(_is_ancestor(task, other) for other in receivers if other is not task):
+        nursery = task.parent_nursery
+        while nursery is not None and nursery.parent_task not in parents:
+            parents.add(nursery.parent_task)
+            nursery = nursery.parent_task.parent_nursery
+    for task in receivers:
+        if task not in parents:
             return probe.cancelled[task]
     return probe.injection
 
