@@ -1,4 +1,5 @@
-"""Checkpoint exploration: inject a cancellation at every scheduler step of a scenario.
+"""Checkpoint exploration: inject a cancellation at every scheduler step of a scenario,
+under several schedules (seed 0: Trio's seeded order; seeds >= 1: PCT priority schedules).
 
 A *scenario* is ``async def scenario(probe: Probe) -> None``. It builds what it
 tests, declares its *cancellers* (``probe.canceller(name, action)``), arms the probe
@@ -10,7 +11,9 @@ canceller's action right before step ``k`` runs.
 
 Every attempt is its own ``trio.run`` with Trio's scheduler seeded, and worker
 threads gated (see :class:`_ThreadGate`): a failing ``(seed, k, canceller)`` —
-a :class:`ReplayKey` — replays bit for bit with :func:`replay`.
+a :class:`ReplayKey` — replays bit for bit with :func:`replay`. Each violation carries
+its cause (the task that received ``Cancelled`` and where, who detected it), and
+:attr:`ExploreReport.groups` groups violations by that cause.
 """
 
 from __future__ import annotations
@@ -206,7 +209,9 @@ class Violation:
         elif self.task is not None:
             lines.append(f"{indent}injected: {self.canceller} before a step of {self.task} (no task received Cancelled)")
         if self.cancelled:
-            lines.append(f"{indent}received Cancelled: " + "; ".join(str(t) for t in self.cancelled))
+            shown = "; ".join(str(t) for t in self.cancelled[:8])
+            more = f"; and {len(self.cancelled) - 8} more" if len(self.cancelled) > 8 else ""
+            lines.append(f"{indent}received Cancelled: {shown}{more}")
         if self.detected is not None:
             lines.append(f"{indent}detected: {self.detected}")
         for b in self.blocked:
