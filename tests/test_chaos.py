@@ -189,7 +189,7 @@ def test_checkpoint_mode_catches_a_leaked_writer_lock(monkeypatch: pytest.Monkey
 
     monkeypatch.setattr(SessionPreparation, "dispose", dispose_keeping_the_lock)
     scenario = select_scenarios(["resume/jsonl"])[0]
-    report = explore(scenario, cancellers=["owner"], stride=6)
+    report = explore(scenario, cancellers=["owner"], stride=6, seeds=1)
     messages = {v.message for v in report.violations}
     assert any("cannot be prepared again" in m or "still holds its writer lock" in m for m in messages), messages
 
@@ -201,7 +201,7 @@ def test_checkpoint_mode_catches_an_unshielded_turn_end(monkeypatch: pytest.Monk
         await self.session.append("turn/end", {"turn": turn, "reason": outcome})
 
     monkeypatch.setattr(_agent.Agent, "_finish", finish_unshielded)
-    report = explore(select_scenarios(["agent-turn/jsonl"])[0], cancellers=["caller"], stride=4)
+    report = explore(select_scenarios(["agent-turn/jsonl"])[0], cancellers=["caller"], stride=4, seeds=1)
     assert any("still open" in v.message or "without a result" in v.message for v in report.violations), report.distinct()
 
 
@@ -277,7 +277,7 @@ def test_checkpoint_mode_finds_the_old_call_contract(monkeypatch: pytest.MonkeyP
     # Revert the whole fix: the kernel's contract and the caller's reconciliation.
     monkeypatch.setattr(kernel.ActorRef, "call", old_call)
     monkeypatch.setattr(Persistence, "publish", old_publish)
-    report = explore(select_scenarios(["lifecycle/jsonl"])[0], cancellers=["caller"])
+    report = explore(select_scenarios(["lifecycle/jsonl"])[0], cancellers=["caller"], seeds=1)
     messages = {v.message for v in report.violations}
     assert any("writer lock is not held" in m for m in messages), report.distinct()
 
@@ -292,7 +292,7 @@ def test_checkpoint_mode_finds_the_old_owner(monkeypatch: pytest.MonkeyPatch) ->
         self._cm._nursery.cancel_scope.cancel()
 
     monkeypatch.setattr(lifetimes.Owner, "aclose", old_aclose)
-    report = explore(select_scenarios(["agent-turn/jsonl"])[0], cancellers=["owner"], stride=3)
+    report = explore(select_scenarios(["agent-turn/jsonl"])[0], cancellers=["owner"], stride=3, seeds=1)
     assert any("still open" in v.message for v in report.violations), report.distinct()
 
 
@@ -394,7 +394,7 @@ def test_the_postgres_kind_finds_nothing_and_catches_a_writer_that_refuses_its_o
     assert report.attempts > 10 and report.ok, report.distinct()
     report = explore_crash(scenario, stride=9)
     assert report.attempts > 5 and report.ok, report.distinct()
-    report = explore(scenario, stride=25)
+    report = explore(scenario, stride=25, seeds=1)
     assert report.attempts > 5 and report.ok, report.distinct()
     # A COMMIT that lands but whose answer is lost: the writer's retry recognises its
     # own first write and its own append, and loses or doubles nothing.
