@@ -1351,8 +1351,11 @@ def step_plan(n: int, *, seed: int, stride: int = 1, max_steps: int | None = Non
 
 #: ``seeds=None`` (the default): seed 0 (Trio's seeded order) is explored at every step;
 #: seeds 1..DEFAULT_SEEDS-1 (PCT schedules) each get their dry run (schedule exploration),
-#: and full cancellation exploration while the total stays within AUTO_ATTEMPTS.
+#: and full cancellation exploration when one seed's plan is at most AUTO_SEED_ATTEMPTS
+#: attempts, while the total stays within AUTO_ATTEMPTS (small scenarios: every schedule;
+#: a large one costs seed 0's exploration and DEFAULT_SEEDS - 1 dry runs more).
 DEFAULT_SEEDS: Final = 8
+AUTO_SEED_ATTEMPTS: Final = 100
 AUTO_ATTEMPTS: Final = 600
 
 
@@ -1380,8 +1383,9 @@ def explore(
     (``cancellers``, else the scenario's declared ones, else those it bound in the dry
     run) and each ``k`` of :func:`step_plan`, one attempt runs with that canceller called
     right before step ``k``. ``seeds=None``: :data:`DEFAULT_SEEDS` schedules, every one
-    dry-run first, then cancellations under each as long as the total stays within
-    :data:`AUTO_ATTEMPTS` (seed 0 always). ``max_attempts`` / ``max_seconds`` stop the
+    dry-run first, then cancellations under seed 0, and under the others when a seed's
+    plan is at most :data:`AUTO_SEED_ATTEMPTS` attempts and the total stays within
+    :data:`AUTO_ATTEMPTS`. ``max_attempts`` / ``max_seconds`` stop the
     exploration early (a note says so). A violation is anything the scenario recorded, a
     hang, or an exception escaping the scenario other than ``Cancelled`` and the allowed
     ones (``allowed``, else the scenario's, else ``settings.allowed``).
@@ -1440,10 +1444,11 @@ def explore(
             raise ScenarioError(f"scenario {spec.name!r} did not bind canceller(s) {', '.join(unknown)} in its dry run")
         plan = step_plan(dry.steps, seed=seed, stride=stride, max_steps=max_steps)
         total = len(plan) * len(names)
-        if auto and seed != seed_list[0] and attempts + total > AUTO_ATTEMPTS:
+        if auto and seed != seed_list[0] and (total > AUTO_SEED_ATTEMPTS or attempts + total > AUTO_ATTEMPTS):
             notes.append(
                 f"seeds {seed}..{seed_list[-1]}: schedules explored (dry runs), cancellations not "
-                f"(over the default {AUTO_ATTEMPTS} attempts; pass seeds= to explore them)"
+                f"({total} per seed; the default explores them up to {AUTO_SEED_ATTEMPTS} per seed and "
+                f"{AUTO_ATTEMPTS} in all: pass seeds= to explore them)"
             )
             break
         done = 0
