@@ -19,6 +19,11 @@ Fixtures:
   injected at every scheduler step (:func:`harness.faults.explore`), asserts no
   violation and returns the :class:`~harness.faults.ExploreReport`.
 
+Marker: ``@pytest.mark.explore(cancellers=..., seeds=..., ...)`` on an ``async def``
+test taking ``probe`` explores the test itself the same way (every schedule seed, a
+cancellation by every canceller at every step) and fails with the report's grouped
+summary (see docs/testing.md).
+
 Helpers: :func:`assert_log_ok` (a session log satisfies :func:`harness.faults.check_log`
 and replays through :class:`~harness.session.RelationalInvariants`) and
 :func:`open_test_runtime` (the runtime of ``harness_runtime``, with your options).
@@ -47,6 +52,11 @@ from harness.faults import (
     check_log,
     explore,
 )
+from harness.faults._pytest import (  # the explore marker's hooks: pytest finds them on this plugin
+    pytest_collection_modifyitems as pytest_collection_modifyitems,
+)
+from harness.faults._pytest import pytest_configure as pytest_configure
+from harness.faults._pytest import pytest_pyfunc_call as pytest_pyfunc_call
 from harness.session import Event, RelationalInvariants
 
 __all__ = [
@@ -61,6 +71,7 @@ __all__ = [
     "harness_backend",
     "harness_runtime",
     "open_test_runtime",
+    "probe",
     "scripted_provider",
 ]
 
@@ -230,9 +241,11 @@ class ExploreCheckpoints:
     setup). The body records its own checks with ``probe.check(cond, msg)`` and may bind
     more cancellers with ``probe.canceller(name, action)``.
 
-    ``seeds``, ``stride``, ``max_steps``, ``cancellers`` and ``settings`` go to
-    ``explore`` (default settings: ``Settings(autojump_threshold=0.0)``, mock time).
-    ``check=False`` returns the report without asserting. Call it from a synchronous
+    ``seeds``, ``stride``, ``max_steps``, ``cancellers``, ``settings``, ``allowed``,
+    ``max_attempts`` and ``max_seconds`` go to ``explore`` (default settings:
+    ``Settings(autojump_threshold=0.0)``, mock time). A violation fails with the
+    report's grouped summary (``str(report)``); ``check=False`` returns the report
+    without asserting. Call it from a synchronous
     test: each attempt is a ``trio.run`` of its own (from an async test it works but
     blocks the test's loop while it runs).
     """
@@ -247,12 +260,15 @@ class ExploreCheckpoints:
         *,
         name: str | None = None,
         arm: bool = True,
-        seeds: int | Sequence[int] = 1,
+        seeds: int | Sequence[int] | None = None,
         stride: int = 1,
         max_steps: int | None = None,
         cancellers: Sequence[str] | None = None,
         settings: Settings | None = None,
         check: bool = True,
+        allowed: Sequence[type[BaseException]] | None = None,
+        max_attempts: int | None = None,
+        max_seconds: float | None = None,
     ) -> ExploreReport:
         async def scenario(probe: Probe) -> None:
             with trio.CancelScope() as caller:
@@ -270,13 +286,13 @@ class ExploreCheckpoints:
             max_steps=max_steps,
             cancellers=cancellers,
             settings=settings or Settings(autojump_threshold=0.0),
+            allowed=allowed,
+            max_attempts=max_attempts,
+            max_seconds=max_seconds,
         )
         self.reports.append(report)
         if check and not report.ok:
-            lines = [f"{v.key} (x{n}): {v.message}" for v, n in report.distinct()]
-            raise AssertionError(
-                f"{len(report.violations)} violation(s) in {report.attempts} attempts:\n  " + "\n  ".join(lines)
-            )
+            raise AssertionError(str(report))
         return report
 
 
@@ -284,3 +300,12 @@ class ExploreCheckpoints:
 def explore_checkpoints(request: pytest.FixtureRequest) -> ExploreCheckpoints:
     """Explore a test body at every checkpoint (see :class:`ExploreCheckpoints`)."""
     return ExploreCheckpoints(request.node.name.replace(":", "_"))
+
+
+@pytest.fixture
+def probe() -> None:
+    """The :class:`~harness.faults.Probe` of the attempt, in a test marked
+    ``@pytest.mark.explore`` (each attempt passes its own; outside such a test it is
+    ``None``)."""
+    return None
+

@@ -185,7 +185,7 @@ def test_a_hang_is_a_violation() -> None:
         await done.wait()  # a cancelled producer never sets it: waits forever
 
     settings = Settings(autojump_threshold=0.0, timeout=30.0, grace=5.0, real_timeout=20.0)
-    report = explore(stuck, settings=settings)
+    report = explore(stuck, seeds=1, settings=settings)
     hangs = [v for v in report.violations if v.message.startswith("deadlock/hang at step")]
     assert hangs and len(hangs) == len(report.violations)
     assert all("stuck" in (v.traceback or "") and "wait" in (v.traceback or "") for v in hangs)  # the task dump
@@ -204,7 +204,7 @@ def test_a_hard_hang_in_shielded_code_is_abandoned_and_reported() -> None:
 
     settings = Settings(autojump_threshold=0.0, timeout=10.0, grace=5.0, real_timeout=20.0)
     started = time.monotonic()
-    report = explore(shielded, name="shielded", settings=settings)
+    report = explore(shielded, name="shielded", seeds=1, settings=settings)
     assert time.monotonic() - started < 15
     hard = [v for v in report.violations if "abandoned after a hard hang" in v.message]
     assert len(hard) == 1 and "never.wait" not in hard[0].message
@@ -261,7 +261,7 @@ def test_a_canceller_that_raises_is_reported() -> None:
         probe.arm()
         await trio.lowlevel.checkpoint()
 
-    report = explore(Scenario("boomer", scenario, cancellers=("boom",)), settings=FAST)
+    report = explore(Scenario("boomer", scenario, cancellers=("boom",)), seeds=1, settings=FAST)
     assert [v.message.splitlines()[0] for v in report.violations] == ["canceller 'boom' raised RuntimeError: canceller broke"]
 
 

@@ -100,10 +100,16 @@ def test_explore_checkpoints_runs_the_body_at_every_step(explore_checkpoints: Ex
         for _ in range(3):
             await trio.lowlevel.checkpoint()
 
-    report = explore_checkpoints(body)
+    report = explore_checkpoints(body, seeds=1)
     assert report.ok and report.steps == {"caller": report.dry_steps[0]} and report.dry_steps[0] >= 3
     assert seen == list(range(report.dry_steps[0] + 1))  # the dry run, then every k
-    assert explore_checkpoints.reports == [report]
+    seen.clear()
+    # By default: every schedule seed's dry run first, then every k under each.
+    report = explore_checkpoints(body)
+    n = report.dry_steps[0]
+    assert len(report.dry_steps) == 8 and report.steps == {"caller": 8 * n}
+    assert seen == [0] * 8 + list(range(1, n + 1)) * 8
+    assert explore_checkpoints.reports[-1] == report
 
 
 def test_explore_checkpoints_fails_on_a_violation(explore_checkpoints: ExploreCheckpoints) -> None:
@@ -221,4 +227,61 @@ def test_the_testing_doc_examples_run_as_written(pytester: pytest.Pytester) -> N
     pytester.makeini("[pytest]\ntrio_mode = true\n")
     pytester.makepyfile(test_doc=code)
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
-    result.assert_outcomes(passed=10)
+    result.assert_outcomes(passed=11)
+
+
+MARKED = '''
+import pytest
+import trio
+
+
+class Stats:
+    active = 0
+
+
+@pytest.mark.explore(seeds=2)
+async def test_counter_restored(probe):
+    stats = Stats()
+    stats.active += 1
+    try:
+        await trio.sleep(0.01)
+    finally:
+        stats.active -= 1
+    probe.check(stats.active == 0, "never reached when cancelled")
+
+
+@pytest.mark.explore(cancellers=["caller"])
+async def test_counter_leaks(probe, tmp_path):
+    assert tmp_path.exists()  # synchronous fixtures are handed in
+    stats = Stats()
+    try:
+        stats.active += 1
+        await trio.sleep(0.01)
+        stats.active -= 1
+    finally:
+        probe.check(stats.active == 0, f"active = {stats.active} after the call")
+
+
+@pytest.mark.explore
+async def test_without_probe():
+    await trio.sleep(0)
+'''
+
+
+def test_the_explore_marker_fails_with_the_grouped_summary(pytester: pytest.Pytester) -> None:
+    pytester.makeini("[pytest]\ntrio_mode = true\n")
+    pytester.makepyfile(test_marked=MARKED)
+    result = pytester.runpytest_subprocess("-v", "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=2, failed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*test_counter_restored PASSED*",
+            "*test_counter_leaks FAILED*",
+            "*test_without_probe PASSED*",
+            "*test_counter_leaks (checkpoints): * violation(s) in 1 group(s)*",
+            "*group 1: check x*, smallest k=1*",
+            "*active = 1 after the call*",
+            "*replay: test_counter_leaks:seed=0:k=1:caller*",
+            "*injected: caller -> Cancelled delivered to scenario at test_marked:* test_counter_leaks*",
+        ]
+    )

@@ -8,7 +8,7 @@ from functools import partial
 
 import orjson
 
-from harness.bench import _actors, _backends, _compaction, _core, _disk, _durable
+from harness.bench import _actors, _backends, _compaction, _core, _disk, _durable, _faults
 from harness.bench._runner import Result
 
 Workload = Callable[[int, int], list[Result]]
@@ -27,6 +27,7 @@ WORKLOADS: dict[str, Workload] = {
     "W11": _durable.w11,
     "W12": _actors.w12,
     "M1": _durable.m1,
+    "W13": _faults.w13,
 }
 """Workload ids; each may produce several variants (e.g. W2 -> W2, W2b)."""
 

@@ -10,7 +10,7 @@ import multiprocessing
 import sys
 import time
 from collections.abc import Callable, Sequence
-from typing import Final, TextIO
+from typing import Any, Final, TextIO
 
 import attrs
 
@@ -60,46 +60,78 @@ class Campaign:
     def violations(self) -> int:
         return sum(len(r.violations) for r in self.reports)
 
+    @property
+    def groups(self) -> int:
+        """Distinct causes (:attr:`ExploreReport.groups`), summed over the reports."""
+        return sum(len(r.groups) for r in self.reports)
+
     def to_json(self) -> dict[str, object]:
         return {
             "reports": [r.to_json() for r in self.reports],
             "violations": self.violations,
+            "groups": self.groups,
             "attempts": sum(r.attempts for r in self.reports),
             "wall_time": round(self.wall_time, 3),
         }
 
 
 class Progress:
-    """A progress line on ``stream``: ``\\r`` updates on a terminal, otherwise one line
-    per finished report (CI logs stay readable)."""
+    """Progress on ``stream``: a Rich progress bar on a terminal (the current item,
+    attempts done of its total), otherwise one line per finished report (CI logs stay
+    readable). :meth:`close` stops the bar."""
 
     def __init__(self, stream: TextIO) -> None:
         self.stream = stream
         self.tty = stream.isatty()
         self._last = 0.0
+        self._bar: Any = None
+        self._task: Any = None
+        if self.tty:
+            from rich.console import Console
+            from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
+            from rich.progress import Progress as RichProgress
+
+            console = Console(file=stream, force_terminal=True)
+            self._bar = RichProgress(
+                TextColumn("{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                console=console,
+                auto_refresh=False,
+                transient=True,
+            )
+            self._bar.start()
+            self._task = self._bar.add_task("chaos", total=None)
 
     def update(self, label: str, done: int, total: int) -> None:
-        if not self.tty:
+        if self._bar is None:
             return
         now = time.monotonic()
         if done < total and now - self._last < 0.1:
             return
         self._last = now
-        width = 24
-        filled = width * done // max(total, 1)
-        bar = "#" * filled + "." * (width - filled)
-        self.stream.write(f"\r[{bar}] {done:>5}/{total:<5} {label[:60]:<60}")
-        self.stream.flush()
+        self._bar.update(self._task, description=label[:60], completed=done, total=max(total, 1))
+        self._bar.refresh()
 
     def finished(self, report: ExploreReport) -> None:
-        if self.tty:
-            self.stream.write("\r" + " " * 100 + "\r")
         steps = ", ".join(f"{c} {n}" for c, n in report.steps.items())
-        self.stream.write(
+        groups = len(report.groups)
+        line = (
             f"chaos: {report.scenario} {report.mode}: {report.attempts} attempts ({steps}), "
-            f"{len(report.violations)} violation(s), {report.wall_time:.1f}s\n"
+            f"{len(report.violations)} violation(s) in {groups} group(s), {report.wall_time:.1f}s"
         )
+        if self._bar is not None:
+            self._bar.console.print(line, markup=False, highlight=False, soft_wrap=True)
+            self._bar.refresh()
+            return
+        self.stream.write(line + "\n")
         self.stream.flush()
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+            self._bar = None
 
 
 @attrs.frozen
@@ -111,16 +143,30 @@ class Item:
     seeds: int
     stride: int = 1
     kills: int = 0
+    max_attempts: int | None = None
+    max_seconds: float | None = None
 
 
-def plan_campaign(scenarios: Sequence[Scenario], *, modes: Sequence[str], seeds: int, budget: Budget) -> list[Item]:
+def plan_campaign(
+    scenarios: Sequence[Scenario],
+    *,
+    modes: Sequence[str],
+    seeds: int,
+    budget: Budget,
+    max_attempts: int | None = None,
+    max_seconds: float | None = None,
+) -> list[Item]:
     """Every scenario in every mode it supports (of ``modes``); with mode ``crash``, a
-    SIGKILL campaign per backend the scenarios use."""
+    SIGKILL campaign per backend the scenarios use. ``max_attempts`` / ``max_seconds``
+    bound each checkpoint item."""
     items: list[Item] = []
     for mode in modes:
         for scenario in scenarios:
             if mode in scenario.modes:
-                items.append(Item(scenario.name, mode, seeds, budget.stride_for(scenario, mode)))
+                item = Item(scenario.name, mode, seeds, budget.stride_for(scenario, mode))
+                if mode == "checkpoints":
+                    item = attrs.evolve(item, max_attempts=max_attempts, max_seconds=max_seconds)
+                items.append(item)
         if mode == "crash":
             for kind in BACKENDS:
                 if any(s.backend == kind for s in scenarios):
@@ -137,7 +183,14 @@ def run_item(item: Item, progress: ProgressFn | None = None) -> ExploreReport:
         return kill_campaign(item.scenario.split("/")[1], kills=item.kills, progress=progress)
     scenario = select_scenarios([item.scenario])[0]
     if item.mode == "checkpoints":
-        return explore(scenario, seeds=item.seeds, stride=item.stride, progress=progress)
+        return explore(
+            scenario,
+            seeds=item.seeds,
+            stride=item.stride,
+            progress=progress,
+            max_attempts=item.max_attempts,
+            max_seconds=item.max_seconds,
+        )
     if item.mode == "io":
         return explore_io(scenario, seeds=item.seeds, stride=item.stride, progress=progress)
     return explore_crash(scenario, seeds=item.seeds, stride=item.stride, progress=progress)
@@ -152,12 +205,16 @@ def run_campaign(
     jobs: int = 1,
     progress: ProgressFn | None = None,
     on_report: Callable[[ExploreReport], None] | None = None,
+    max_attempts: int | None = None,
+    max_seconds: float | None = None,
 ) -> Campaign:
     """Run :func:`plan_campaign`'s items, in order, or on ``jobs`` worker processes
     (each exploration owns Trio's process-global scheduler state, so parallelism is
     by process). Reports come back in plan order either way. Blocking."""
     started = time.perf_counter()
-    items = plan_campaign(scenarios, modes=modes, seeds=seeds, budget=budget)
+    items = plan_campaign(
+        scenarios, modes=modes, seeds=seeds, budget=budget, max_attempts=max_attempts, max_seconds=max_seconds
+    )
     reports: list[ExploreReport | None] = [None] * len(items)
     if jobs <= 1:
         for i, item in enumerate(items):
@@ -182,7 +239,7 @@ def run_campaign(
 def summary_table(campaign: Campaign) -> str:
     """One row per (scenario, mode, canceller or fault): steps explored, violations;
     attempts and wall time on each report's first row."""
-    header = ("scenario", "backend", "mode", "canceller", "steps", "attempts", "violations", "wall")
+    header = ("scenario", "backend", "mode", "canceller", "steps", "attempts", "violations", "groups", "wall")
     rows: list[tuple[str, ...]] = [header]
     for r in campaign.reports:
         by_canceller: dict[str, int] = {}
@@ -201,6 +258,7 @@ def summary_table(campaign: Campaign) -> str:
                     str(r.steps.get(name, 0)),
                     str(r.attempts) if first else "",
                     str(by_canceller.get(name, 0)),
+                    str(len(r.groups)) if first else "",
                     f"{r.wall_time:.1f}s" if first else "",
                 )
             )
@@ -208,21 +266,18 @@ def summary_table(campaign: Campaign) -> str:
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
     total = sum(r.attempts for r in campaign.reports)
-    lines.append(f"{total} attempts, {campaign.violations} violation(s), {campaign.wall_time:.1f}s")
+    lines.append(
+        f"{total} attempts, {campaign.violations} violation(s) in {campaign.groups} group(s), {campaign.wall_time:.1f}s"
+    )
     return "\n".join(lines)
 
 
 def violations_text(campaign: Campaign) -> str:
-    """Each distinct violation once: its replay key, how often it was hit, the message,
-    and where the fault was injected."""
-    out: list[str] = []
-    for r in campaign.reports:
-        for v, n in r.distinct():
-            out.append(f"{v.key}  (x{n})\n    {v.message}")
-            if v.task:
-                out.append(f"    injected before a step of {v.task}")
-                out.extend(f"      {frame}" for frame in v.stack[-6:])
-    return "\n".join(out)
+    """The grouped summary (``str(report)``) of every report that found something: per
+    cause, its count, smallest k, the causal report of its first violation (injection
+    point, tasks that received ``Cancelled``, detection site or blocked tasks) and its
+    replay keys."""
+    return "\n\n".join(str(r) for r in campaign.reports if r.violations)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -234,6 +289,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print the campaign as JSON on stdout")
     parser.add_argument("--list", action="store_true", help="list the built-in scenarios and exit")
     parser.add_argument("--replay", metavar="KEY", help="re-run one attempt by its replay key and show what it found")
+    parser.add_argument("--max-attempts", type=int, metavar="N", help="stop each checkpoint exploration after N attempts")
+    parser.add_argument("--max-seconds", type=float, metavar="S", help="stop each checkpoint exploration after S seconds")
 
 
 def main(args: argparse.Namespace, *, out: TextIO | None = None, err: TextIO | None = None) -> int:
@@ -246,8 +303,13 @@ def main(args: argparse.Namespace, *, out: TextIO | None = None, err: TextIO | N
         err.write("harness chaos: --seeds and --jobs must be >= 1\n")
         return 2
     if args.list:
-        for s in builtin_scenarios():
-            out.write(f"{s.name:<22} {', '.join(s.modes):<22} cancellers: {', '.join(s.cancellers)}\n    {s.description}\n")
+        scenarios = builtin_scenarios()
+        name_w = max(len(s.name) for s in scenarios)
+        modes_w = max(len(", ".join(s.modes)) for s in scenarios)
+        for s in scenarios:
+            out.write(
+                f"{s.name:<{name_w}}  {', '.join(s.modes):<{modes_w}}  cancellers: {', '.join(s.cancellers)}\n    {s.description}\n"
+            )
         return 0
     if args.replay is not None:
         # `--replay ""` is a bad key, not "no key": it must not start a full campaign.
@@ -261,6 +323,7 @@ def main(args: argparse.Namespace, *, out: TextIO | None = None, err: TextIO | N
     modes = MODES if args.mode == "all" else (args.mode,)
     progress = Progress(err)
     with contextlib.ExitStack() as stack:
+        stack.callback(progress.close)
         if any(s.backend == POSTGRES for s in scenarios):
             # Its own server (or HARNESS_BENCH_POSTGRES_URL's) for the whole campaign;
             # without one the kind is skipped, saying why.
@@ -274,6 +337,8 @@ def main(args: argparse.Namespace, *, out: TextIO | None = None, err: TextIO | N
             jobs=args.jobs,
             progress=progress.update,
             on_report=progress.finished,
+            max_attempts=getattr(args, "max_attempts", None),
+            max_seconds=getattr(args, "max_seconds", None),
         )
     if args.json:
         json.dump(campaign.to_json(), out, indent=2)
@@ -281,7 +346,7 @@ def main(args: argparse.Namespace, *, out: TextIO | None = None, err: TextIO | N
     else:
         out.write(summary_table(campaign) + "\n")
         if campaign.violations:
-            out.write("\nviolations (replay with: harness chaos --replay KEY)\n" + violations_text(campaign) + "\n")
+            out.write("\nviolations by cause (replay with: harness chaos --replay KEY)\n" + violations_text(campaign) + "\n")
     return 1 if campaign.violations else 0
 
 
@@ -308,8 +373,13 @@ def _replay(text: str, out: TextIO, err: TextIO) -> int:
     if attempt.task:
         out.write(f"injected before a step of {attempt.task}\n")
         out.writelines(f"  {frame}\n" for frame in attempt.stack)
+    if attempt.injection is not None:
+        out.write(f"Cancelled delivered first to {attempt.injection}\n")
+    if attempt.cancelled:
+        out.write("received Cancelled: " + "; ".join(str(t) for t in attempt.cancelled) + "\n")
     for v in attempt.violations:
-        out.write(f"violation: {v.message}\n")
+        out.write(f"violation ({v.kind}): {v.message}\n")
+        out.writelines(line + "\n" for line in v.describe("  ")[1:])
         if v.traceback:
             out.write(v.traceback + "\n")
     return 1 if attempt.violations else 0

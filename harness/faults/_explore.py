@@ -1,4 +1,5 @@
-"""Checkpoint exploration: inject a cancellation at every scheduler step of a scenario.
+"""Checkpoint exploration: inject a cancellation at every scheduler step of a scenario,
+under several schedules (seed 0: Trio's seeded order; seeds >= 1: PCT priority schedules).
 
 A *scenario* is ``async def scenario(probe: Probe) -> None``. It builds what it
 tests, declares its *cancellers* (``probe.canceller(name, action)``), arms the probe
@@ -10,7 +11,9 @@ canceller's action right before step ``k`` runs.
 
 Every attempt is its own ``trio.run`` with Trio's scheduler seeded, and worker
 threads gated (see :class:`_ThreadGate`): a failing ``(seed, k, canceller)`` —
-a :class:`ReplayKey` — replays bit for bit with :func:`replay`.
+a :class:`ReplayKey` — replays bit for bit with :func:`replay`. Each violation carries
+its cause (the task that received ``Cancelled`` and where, who detected it), and
+:attr:`ExploreReport.groups` groups violations by that cause.
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ import contextlib
 import logging
 import math
 import random
+import re
+import sys
 import tempfile
 import threading
 import time
@@ -30,6 +35,7 @@ from types import FrameType
 from typing import Any, Final, TypeAlias
 
 import attrs
+import outcome
 import trio
 import trio.testing
 from trio._core import _run as _trio_run
@@ -88,12 +94,59 @@ class ReplayKey:
 
 
 @attrs.frozen
+class TaskSite:
+    """A task at one moment: its stable ``path`` (position in the nursery tree and
+    function, e.g. ``scenario/pool.request#1``: the second task running ``request``
+    spawned by the scenario's main task) and its await stack (``module:line function``,
+    innermost last). ``site`` is the innermost frame outside Trio, AnyIO and the
+    explorer: the line of *your* code where the task was."""
+
+    path: str
+    stack: tuple[str, ...] = ()
+    file: str | None = None  # ``filename:line`` of ``site``
+
+    @property
+    def site(self) -> str:
+        for frame in reversed(self.stack):
+            if not frame.startswith(_INTERNAL):
+                return frame
+        return self.stack[-1] if self.stack else "?"
+
+    @property
+    def waiting_on(self) -> str | None:
+        """The innermost frame when it is inside Trio/AnyIO (what a blocked task waits in)."""
+        if self.stack and self.stack[-1].startswith(_INTERNAL) and self.site != self.stack[-1]:
+            inner = [f for f in self.stack if f.startswith(_INTERNAL)]
+            after = self.stack[self.stack.index(self.site) + 1 :] if self.site in self.stack else inner
+            return after[0] if after else None
+        return None
+
+    def __str__(self) -> str:
+        return f"{self.path} at {self.site}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"path": self.path, "site": self.site, "file": self.file, "stack": list(self.stack)}
+
+
+_INTERNAL: Final = ("trio.", "trio:", "anyio.", "anyio:", "outcome", "sniffio", "contextlib:", "harness.faults._explore:", "harness.testing:")
+
+
+@attrs.frozen
 class Violation:
     """One broken invariant in one attempt.
 
-    ``task`` and ``stack`` describe the task that was about to run when the fault was
-    injected (its await stack is where it resumed: the checkpoint that was hit);
-    ``traceback`` is set when the violation is an escaped exception.
+    The cause: ``injection`` is the first task that received ``Cancelled`` after the
+    canceller ran, at the checkpoint where it was delivered (``None``: the cancellation
+    reached no task, or nothing was injected); ``cancelled`` lists every task that
+    received ``Cancelled`` in the attempt, each where it first saw it. ``detected`` is
+    the task (and stack) that recorded the violation (for an escaped exception: where it
+    was raised); ``blocked``, for a hang, the tasks still waiting and where.
+    ``kind``: ``check`` (recorded by the scenario), ``exception``, ``hang``, ``log``,
+    ``post-run``, ``thread`` or ``canceller``. ``perturbations`` counts the priority
+    changes of the attempt's schedule (0: Trio's seeded order).
+
+    ``task`` and ``stack`` describe the task that was about to step when the canceller
+    was called (where it resumed); ``traceback`` is set for an escaped exception.
     """
 
     scenario: str
@@ -104,10 +157,28 @@ class Violation:
     task: str | None = None
     stack: tuple[str, ...] = ()
     traceback: str | None = None
+    kind: str = "check"
+    injection: TaskSite | None = None
+    cancelled: tuple[TaskSite, ...] = ()
+    detected: TaskSite | None = None
+    blocked: tuple[TaskSite, ...] = ()
+    perturbations: int = 0
 
     @property
     def key(self) -> ReplayKey:
         return ReplayKey(self.scenario, self.seed, self.k, self.canceller)
+
+    @property
+    def signature(self) -> str:
+        """What groups violations of one cause: the kind, the injection site and the
+        detection site (for a hang: where the blocked tasks wait), with numbers and
+        addresses in messages normalised."""
+        injected = self.injection.site if self.injection else "-"
+        if self.kind == "hang":
+            where = ", ".join(sorted({b.site for b in self.blocked})) or "?"
+        else:
+            where = self.detected.site if self.detected else normalise(self.message)[:120]
+        return f"{self.kind} | {injected} | {where}"
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -117,10 +188,120 @@ class Violation:
             "k": self.k,
             "seed": self.seed,
             "message": self.message,
+            "kind": self.kind,
+            "signature": self.signature,
             "task": self.task,
             "stack": list(self.stack),
+            "injection": self.injection.to_json() if self.injection else None,
+            "cancelled": [t.to_json() for t in self.cancelled],
+            "detected": self.detected.to_json() if self.detected else None,
+            "blocked": [t.to_json() for t in self.blocked],
+            "perturbations": self.perturbations,
             "traceback": self.traceback,
         }
+
+    def describe(self, indent: str = "  ") -> list[str]:
+        """The causal report of this violation, as lines."""
+        lines = [f"{indent}replay: {self.key}"]
+        if self.injection is not None:
+            lines.append(f"{indent}injected: {self.canceller} -> Cancelled delivered to {self.injection}")
+            lines.extend(f"{indent}    {f}" for f in _user_frames(self.injection.stack))
+        elif self.task is not None:
+            lines.append(f"{indent}injected: {self.canceller} before a step of {self.task} (no task received Cancelled)")
+        if self.cancelled:
+            shown = "; ".join(str(t) for t in self.cancelled[:8])
+            more = f"; and {len(self.cancelled) - 8} more" if len(self.cancelled) > 8 else ""
+            lines.append(f"{indent}received Cancelled: {shown}{more}")
+        if self.detected is not None:
+            lines.append(f"{indent}detected: {self.detected}")
+        for b in self.blocked:
+            on = f" waiting in {b.waiting_on}" if b.waiting_on else ""
+            lines.append(f"{indent}blocked: {b}{on}")
+        return lines
+
+
+def normalise(text: str) -> str:
+    """``text`` with addresses, hex ids and numbers replaced (``0x…``, ``#``): what
+    makes one cause's messages equal across attempts."""
+    text = re.sub(r"0x[0-9a-fA-F]+", "0x…", text)
+    text = re.sub(r"\b[0-9a-f]{8,}(?:-[0-9a-f]{4,})*\b", "…", text)
+    return re.sub(r"\d+(?:\.\d+)?", "#", text)
+
+
+def _user_frames(stack: tuple[str, ...]) -> list[str]:
+    user = [f for f in stack if not f.startswith(_INTERNAL)]
+    return user[-4:] or list(stack[-2:])
+
+
+@attrs.frozen
+class Group:
+    """The violations of one cause signature (see :attr:`Violation.signature`).
+
+    ``first`` is the first found, ``smallest`` the minimal replay (fewest schedule
+    perturbations, then smallest ``k``); ``confirmed`` says whether replaying
+    ``smallest`` reproduced the signature (``None``: not checked)."""
+
+    signature: str
+    violations: tuple[Violation, ...]
+    confirmed: bool | None = None
+
+    @property
+    def count(self) -> int:
+        return len(self.violations)
+
+    @property
+    def kind(self) -> str:
+        return self.violations[0].kind
+
+    @property
+    def first(self) -> Violation:
+        return self.violations[0]
+
+    @property
+    def smallest(self) -> Violation:
+        return min(self.violations, key=lambda v: (v.perturbations, v.k, v.seed))
+
+    @property
+    def smallest_k(self) -> int:
+        return min(v.k for v in self.violations)
+
+    @property
+    def keys(self) -> tuple[ReplayKey, ...]:
+        return tuple(v.key for v in self.violations)
+
+    def pytest_test(self, scenario_ref: str | None = None) -> str:
+        """A ready-to-paste regression test replaying :attr:`smallest`; it fails until
+        the cause is fixed. ``scenario_ref``: ``module:function`` of the scenario."""
+        v = self.smallest
+        module, _, fn = (scenario_ref or f"yourmodule:{v.scenario}").partition(":")
+        safe = re.sub(r"\W+", "_", f"{v.scenario}_seed{v.seed}_k{v.k}_{v.canceller}").strip("_").lower()
+        return (
+            f"from harness.faults import replay\n"
+            f"from {module} import {fn}\n\n\n"
+            f"def test_{safe}() -> None:\n"
+            f"    attempt = replay({fn}, {str(v.key)!r})\n"
+            f"    assert attempt.violations == (), [x.message for x in attempt.violations]\n"
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "signature": self.signature,
+            "kind": self.kind,
+            "count": self.count,
+            "first": str(self.first.key),
+            "smallest": str(self.smallest.key),
+            "smallest_k": self.smallest_k,
+            "confirmed": self.confirmed,
+            "violation": self.first.to_json(),
+        }
+
+
+def group_violations(violations: Iterable[Violation]) -> list[Group]:
+    """Group ``violations`` by :attr:`Violation.signature`, in order of first finding."""
+    groups: dict[str, list[Violation]] = {}
+    for v in violations:
+        groups.setdefault(v.signature, []).append(v)
+    return [Group(sig, tuple(vs)) for sig, vs in groups.items()]
 
 
 @attrs.frozen
@@ -132,6 +313,8 @@ class Attempt:
     ``outcome`` is ``"ok"``, ``"typed error"`` (a library error escaped, allowed),
     ``"expected"`` (e.g. a simulated crash), ``"violation"`` (something was recorded),
     ``"hang"`` or ``"raw exception"``.
+    ``injection`` / ``cancelled``: the first receiver of ``Cancelled`` and every one
+    (see :class:`Violation`); ``perturbations``: the schedule's priority changes.
     ``gate_timeouts`` counts worker threads the run stopped waiting for (each one makes
     the schedule depend on thread timing: see the determinism notes in docs/faults.md).
     """
@@ -150,6 +333,9 @@ class Attempt:
     gate_timeouts: int = 0
     cancellers: tuple[str, ...] = ()
     logs: tuple[str, ...] = ()
+    injection: TaskSite | None = None
+    cancelled: tuple[TaskSite, ...] = ()
+    perturbations: int = 0
 
     @property
     def key(self) -> ReplayKey:
@@ -175,6 +361,8 @@ class ExploreReport:
     dry_steps: Mapping[int, int] = attrs.field(factory=dict)
     backend: str | None = None
     notes: tuple[str, ...] = ()
+    confirmed: Mapping[str, bool] = attrs.field(factory=dict)
+    scenario_ref: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -187,6 +375,32 @@ class ExploreReport:
             groups.setdefault(v.message, []).append(v)
         return [(vs[0], len(vs)) for vs in groups.values()]
 
+    @property
+    def groups(self) -> list[Group]:
+        """The violations grouped by cause signature (:func:`group_violations`), each
+        with whether its minimal replay was confirmed."""
+        return [attrs.evolve(g, confirmed=self.confirmed.get(g.signature)) for g in group_violations(self.violations)]
+
+    def __str__(self) -> str:
+        steps = ", ".join(f"{c} {n}" for c, n in self.steps.items()) or "no injection points"
+        groups = self.groups
+        head = (
+            f"{self.scenario} ({self.mode}): {self.attempts} attempts ({steps}; {len(self.dry_steps)} schedule(s)), "
+            f"{len(self.violations)} violation(s) in {len(groups)} group(s), {self.wall_time:.1f}s"
+        )
+        lines = [head]
+        for i, g in enumerate(groups, 1):
+            first, small = g.first, g.smallest
+            lines.append(f"group {i}: {g.kind} x{g.count}, smallest k={g.smallest_k}")
+            lines.append(f"  {first.message.splitlines()[0] if first.message else ''}")
+            lines.extend(first.describe("  "))
+            if small.key != first.key:
+                lines.append(f"  minimal replay: {small.key}")
+            if g.confirmed is False:
+                lines.append("  (the minimal replay did not reproduce it: the schedule depends on timing)")
+        lines.extend(f"note: {n}" for n in self.notes)
+        return "\n".join(lines)
+
     def to_json(self) -> dict[str, Any]:
         return {
             "scenario": self.scenario,
@@ -197,6 +411,8 @@ class ExploreReport:
             "attempts": self.attempts,
             "violations": [v.to_json() for v in self.violations],
             "distinct": [{"count": n, **v.to_json()} for v, n in self.distinct()],
+            "groups": [g.to_json() for g in self.groups],
+            "summary": str(self),
             "wall_time": round(self.wall_time, 3),
             "notes": list(self.notes),
         }
@@ -227,7 +443,7 @@ class Probe:
     * ``check(condition, message)``/``fail(message)``/``record(messages)`` record
       violations; ``acknowledge(session_id, seq)`` records an event known durable.
     * ``seed``, ``rng`` (seeded), ``k`` (0 in the dry run), ``canceller_name``,
-      ``fired``, ``tmp_path`` (fresh per attempt) and ``faults`` (the fault layer of an
+      ``fired``, ``tmp_path`` (fresh per attempt, created when first read) and ``faults`` (the fault layer of an
       I/O or crash attempt, else ``None``) describe the attempt.
     """
 
@@ -238,7 +454,7 @@ class Probe:
         seed: int,
         k: int,
         canceller_name: str | None,
-        tmp_path: Path,
+        tmp_path: Path | Callable[[], Path],
         faults: object | None = None,
     ) -> None:
         self.scenario = scenario
@@ -246,7 +462,7 @@ class Probe:
         self.rng = random.Random(f"{scenario}:{seed}")
         self.k = k
         self.canceller_name = canceller_name
-        self.tmp_path = tmp_path
+        self._tmp_path = tmp_path
         self.faults = faults
         self.fired = False
         self.fired_task: TaskInfo | None = None
@@ -261,6 +477,19 @@ class Probe:
         self._excluded: set[trio.lowlevel.Task] = set()
         self._root: trio.lowlevel.Task | None = None
         self._main: trio.lowlevel.Task | None = None
+        self._paths: dict[trio.lowlevel.Task, str] = {}
+        self._spawned: dict[tuple[str, str], int] = {}
+        self._detected: dict[int, TaskSite] = {}  # message index -> who recorded it
+        self.cancelled: dict[trio.lowlevel.Task, TaskSite] = {}  # first Cancelled seen, per task
+        self.injection: TaskSite | None = None
+
+    @property
+    def tmp_path(self) -> Path:
+        """A fresh directory of this attempt (made on first use: most scenarios of
+        in-memory code never need one, and it costs a mkdir and an rmtree)."""
+        if not isinstance(self._tmp_path, Path):
+            self._tmp_path = self._tmp_path()
+        return self._tmp_path
 
     # -- declaring ---------------------------------------------------------------------
 
@@ -292,17 +521,38 @@ class Probe:
     def check(self, condition: object, message: str) -> bool:
         """Record ``message`` as a violation unless ``condition`` holds; return it."""
         if not condition:
-            self.messages.append(message)
+            self._note(message, sys._getframe(1))
             return False
         return True
 
     def fail(self, message: str) -> None:
-        self.messages.append(message)
+        self._note(message, sys._getframe(1))
 
     def record(self, messages: Iterable[str], prefix: str = "") -> None:
         """Record each of ``messages`` (e.g. an invariant checker's result)."""
+        caller = sys._getframe(1)
         for m in messages:
-            self.messages.append(f"{prefix}{m}")
+            self._note(f"{prefix}{m}", caller)
+
+    def _note(self, message: str, frame: FrameType) -> None:
+        # Who detected it: the calling task's path and the caller's stack.
+        self._detected[len(self.messages)] = _site_of_frame(self._current_path(), frame)
+        self.messages.append(message)
+
+    def _current_path(self) -> str:
+        try:
+            task = trio.lowlevel.current_task()
+        except RuntimeError:
+            return "(after the run)"
+        return self.path_of(task)
+
+    def path_of(self, task: trio.lowlevel.Task) -> str:
+        """The stable path of ``task``: parent path / function (``#n``: the n-th task of
+        that function spawned by the same parent, from 0, when n > 0)."""
+        path = self._paths.get(task)
+        if path is None:
+            path = "scenario" if task is self._main else _function_of(task)
+        return path
 
     def acknowledge(self, session_id: str, seq: int, records: Sequence[Any] | None = None) -> None:
         """Event ``seq`` of ``session_id`` and all before it are durable (a flush
@@ -328,6 +578,22 @@ class Probe:
         nursery = task.parent_nursery
         return not (nursery is not None and nursery.parent_task is self._root)
 
+    def _spawned_task(self, task: trio.lowlevel.Task) -> None:
+        nursery = task.parent_nursery
+        parent = nursery.parent_task if nursery is not None else None
+        base = self.path_of(parent) if parent is not None and parent is not self._root else ""
+        fn = _function_of(task)
+        n = self._spawned.get((base, fn), 0)
+        self._spawned[(base, fn)] = n + 1
+        name = fn if n == 0 else f"{fn}#{n}"
+        self._paths[task] = f"{base}/{name}" if base else name
+
+    def _saw_cancelled(self, task: trio.lowlevel.Task) -> None:
+        site = _task_site(self, task)
+        self.cancelled[task] = site
+        if self.injection is None:
+            self.injection = site
+
     def _fire(self, task: trio.lowlevel.Task) -> None:
         self.fired = True
         self.fired_task = _task_info(task)
@@ -345,6 +611,22 @@ class Probe:
             )
 
 
+def _check_cancelled(p: Probe, task: trio.lowlevel.Task) -> None:
+    """Record ``task`` if it is about to be resumed with a ``Cancelled`` that is not
+    only a timeout of its own (``trio.sleep`` wakes through a deadline too): where it
+    first sees the cancellation."""
+    sent = task._next_send
+    if type(sent) is not outcome.Error or not isinstance(sent.error, trio.Cancelled) or not p._counts(task):
+        return
+    status: Any = task._cancel_status
+    while status is not None:
+        reason = status._scope._cancel_reason
+        if reason is not None and reason.source != "deadline":
+            p._saw_cancelled(task)
+            return
+        status = status._parent
+
+
 class _StepCounter(trio.abc.Instrument):
     """Counts steps while the probe is armed, injects at step ``k``, tracks tasks and
     gates worker threads (every io wait first waits for in-flight worker threads)."""
@@ -355,6 +637,8 @@ class _StepCounter(trio.abc.Instrument):
 
     def before_task_step(self, task: trio.lowlevel.Task) -> None:
         p = self.probe
+        if p.fired and task not in p.cancelled:
+            _check_cancelled(p, task)
         if not p._armed or not p._counts(task):
             return
         p._steps += 1
@@ -364,8 +648,10 @@ class _StepCounter(trio.abc.Instrument):
             # (onto the next batch), exactly as when another task cancels; the task about
             # to run sees the cancellation at its next checkpoint.
             p._fire(task)
+            _check_cancelled(p, task)
 
     def task_spawned(self, task: trio.lowlevel.Task) -> None:
+        self.probe._spawned_task(task)
         if self.probe._armed:
             self.probe._live[task] = None
 
@@ -486,17 +772,75 @@ def _thread_gate_installed() -> Iterator[None]:
             _original_start_thread_soon = None
 
 
+#: Priority change points per PCT schedule (seeds >= 1), and the largest gap in batches
+#: between two of them (gaps are drawn from 1..CHANGE_GAP, so changes come early too).
+PCT_DEPTH: Final = 3
+CHANGE_GAP: Final = 6
+
+
+class _PriorityScheduler(random.Random):
+    """A PCT-style schedule (probabilistic concurrency testing) in Trio's batch model.
+
+    Trio calls ``_r.shuffle(batch)`` on each batch of runnable tasks when deterministic
+    scheduling is on, then runs the batch from its end. This ``shuffle`` instead gives
+    every task a random priority when first seen and runs each batch in priority order
+    (so one task consistently runs ahead of another, which random shuffles rarely do
+    for long), and at up to ``depth`` change points demotes the batch's top task below
+    every other: ``perturbations`` counts the change points taken.
+    """
+
+    def __init__(self, seed: int, depth: int = PCT_DEPTH) -> None:
+        super().__init__(f"pct:{seed}")
+        self.perturbations = 0
+        self._prio: dict[object, float] = {}
+        self._low = 0.0
+        self._batch = 0
+        at = 0
+        self._changes: list[int] = []
+        for _ in range(depth):
+            at += self.randint(1, CHANGE_GAP)
+            self._changes.append(at)
+
+    def shuffle(self, x: Any) -> None:
+        self._batch += 1
+        prio = self._prio
+        for task in x:
+            if task not in prio:
+                prio[task] = 1.0 + self.random()
+        if self._changes and self._batch >= self._changes[0]:
+            self._changes.pop(0)
+            if len(x) > 1:
+                self._low -= 1.0
+                prio[max(x, key=prio.__getitem__)] = self._low
+                self.perturbations += 1
+        x.sort(key=prio.__getitem__)  # Trio pops from the end: highest priority first
+
+
+class _TrioShuffle:
+    perturbations = 0
+
+
 @contextlib.contextmanager
-def _seeded_scheduler(seed: int) -> Iterator[None]:
-    """Make Trio's batch order a function of ``seed`` (what hypothesis does per example)."""
+def _seeded_scheduler(seed: int) -> Iterator[_PriorityScheduler | _TrioShuffle]:
+    """Make Trio's batch order a function of ``seed``: seed 0 is Trio's own seeded
+    shuffle (what hypothesis does per example), every other seed a PCT priority schedule
+    (:class:`_PriorityScheduler`)."""
     previous = getattr(_trio_run, _FLAG)
-    state = _trio_run._r.getstate()
+    original = _trio_run._r
+    state = original.getstate()
     setattr(_trio_run, _FLAG, True)
-    _trio_run._r.seed(seed)
+    scheduler: _PriorityScheduler | _TrioShuffle
+    if seed == 0:
+        original.seed(seed)
+        scheduler = _TrioShuffle()
+    else:
+        scheduler = _PriorityScheduler(seed)
+        _trio_run._r = scheduler
     try:
-        yield
+        yield scheduler
     finally:
-        _trio_run._r.setstate(state)
+        _trio_run._r = original
+        original.setstate(state)
         setattr(_trio_run, _FLAG, previous)
 
 
@@ -512,7 +856,10 @@ class Settings:
     a hard hang — e.g. a deadlock in shielded code). ``real_timeout``: wall seconds
     after which an attempt is abandoned whatever its clock says. ``autojump_threshold``:
     ``None`` runs on the real clock; a number uses ``MockClock(autojump_threshold=...)``
-    (idle time jumps ahead, so sleeps and deadlocks cost nothing). ``thread_wait``: how
+    (idle time jumps ahead, so sleeps and deadlocks cost nothing). The default, 0,
+    jumps as soon as every task waits; code that waits for something real (a socket,
+    a subprocess) needs a threshold that lets it arrive first (the former default
+    was 0.05) or ``None``. ``thread_wait``: how
     long the thread gate waits for one worker thread.
     ``allowed``: exception types that may escape a scenario without being a violation.
     ``log_level``: log records at this level or above (e.g. ``actor 'x' crashed``,
@@ -523,7 +870,7 @@ class Settings:
     timeout: float = 120.0
     grace: float = 30.0
     real_timeout: float = 60.0
-    autojump_threshold: float | None = 0.05
+    autojump_threshold: float | None = 0.0
     thread_wait: float = 5.0
     allowed: tuple[type[BaseException], ...] = LIBRARY_ERRORS
     log_level: int | None = logging.ERROR
@@ -557,8 +904,10 @@ def run_attempt(
     started = time.perf_counter()
     label = label or canceller or "dry"
     with contextlib.ExitStack() as stack:
-        tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="harness-chaos-", ignore_cleanup_errors=True)))
-        probe = Probe(scenario=name, seed=seed, k=k, canceller_name=canceller, tmp_path=tmp, faults=faults)
+        def make_tmp() -> Path:
+            return Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="harness-chaos-", ignore_cleanup_errors=True)))
+
+        probe = Probe(scenario=name, seed=seed, k=k, canceller_name=canceller, tmp_path=make_tmp, faults=faults)
         gate = _ThreadGate(settings.thread_wait)
         counter = _StepCounter(probe, gate)
         box: dict[str, Any] = {}
@@ -579,7 +928,7 @@ def run_attempt(
                 _thread_local.gate = None
 
         collector = _LogCollector()
-        with _GLOBAL, _thread_gate_installed(), _seeded_scheduler(seed), _collecting(collector):
+        with _GLOBAL, _thread_gate_installed(), _seeded_scheduler(seed) as scheduler, _collecting(collector):
             thread = threading.Thread(target=target, name=f"chaos {name} k={k} {label}", daemon=True)
             thread.start()
             deadline = time.monotonic() + settings.real_timeout
@@ -598,7 +947,8 @@ def run_attempt(
                         box["token"].run_sync_soon(box["scope"].cancel)
                     deadline = time.monotonic() + min(10.0, settings.real_timeout)
         abandoned = thread.is_alive()
-        extra: list[tuple[str, str | None]] = []  # runner findings, with tracebacks
+        # runner findings: (message, traceback, kind, detected at)
+        extra: list[tuple[str, str | None, str, TaskSite | None]] = []
         if not abandoned:
             # Every worker thread of a finished run has handed its result back before
             # the task waiting for it resumed; one that has not was abandoned by the run
@@ -608,46 +958,55 @@ def run_attempt(
                 left = gate.still_running(settings.thread_wait)
             for thread_name in [*gate.late, *left]:
                 state = "still running" if thread_name in left else "finished after the run ended"
-                extra.append((f"worker thread outlived the run ({state}): {thread_name}", None))
-        outcome = "ok"
+                extra.append((f"worker thread outlived the run ({state}): {thread_name}", None, "thread", None))
+        outcome_ = "ok"
         escaped: BaseException | None = box.get("escaped")
+        blocked: tuple[TaskSite, ...] = tuple(box.get("blocked", ()))
         if abandoned:
-            outcome = "hang"
+            outcome_ = "hang"
             why = "a hard hang (it ignored cancellation)" if hard_hang.is_set() else f"{settings.real_timeout}s of wall time"
             dump = box.get("dump") or "(no task dump: the run loop did not answer)"
-            extra.append((f"hang at step {k}: the run did not finish (abandoned after {why})", dump))
+            extra.append((f"hang at step {k}: the run did not finish (abandoned after {why})", dump, "hang", None))
         elif "crash" in box:
-            outcome = "raw exception"
+            outcome_ = "raw exception"
             exc = box["crash"]
-            extra.append((f"trio.run failed: {type(exc).__name__}: {exc}", _format_tb(exc)))
+            extra.append((f"trio.run failed: {type(exc).__name__}: {exc}", _format_tb(exc), "exception", _site_of_traceback(exc)))
         elif box.get("hung"):
-            outcome = "hang"
-            extra.append((f"deadlock/hang at step {k}: still running after {settings.timeout}s", box.get("dump")))
+            outcome_ = "hang"
+            extra.append((f"deadlock/hang at step {k}: still running after {settings.timeout}s", box.get("dump"), "hang", None))
         elif box.get("wall_timeout"):
-            outcome = "hang"
-            extra.append((f"hang at step {k}: still running after {settings.real_timeout}s of wall time (cancelled)", None))
+            outcome_ = "hang"
+            extra.append((f"hang at step {k}: still running after {settings.real_timeout}s of wall time (cancelled)", None, "hang", None))
         if escaped is not None and not abandoned:
             raw, typed, expected_seen = _classify(escaped, settings.allowed, expected)
             for leaf in raw:
-                extra.append((f"raw non-library exception escaped: {type(leaf).__name__}: {leaf}", _format_tb(leaf)))
+                extra.append(
+                    (f"raw non-library exception escaped: {type(leaf).__name__}: {leaf}", _format_tb(leaf), "exception", _site_of_traceback(leaf))
+                )
             if raw:
-                outcome = "raw exception"
-            elif outcome == "ok":
-                outcome = "expected" if expected_seen else ("typed error" if typed else "ok")
+                outcome_ = "raw exception"
+            elif outcome_ == "ok":
+                outcome_ = "expected" if expected_seen else ("typed error" if typed else "ok")
         if finish is not None and not abandoned:
             try:
                 with _collecting(collector):
                     finish(probe, escaped)
             except Exception as exc:
-                extra.append((f"post-run check failed: {type(exc).__name__}: {exc}", _format_tb(exc)))
+                extra.append((f"post-run check failed: {type(exc).__name__}: {exc}", _format_tb(exc), "post-run", _site_of_traceback(exc)))
         if settings.log_level is not None:
             for record in collector.records:
                 if record.levelno >= settings.log_level:
-                    extra.append((f"logged {record.levelname} ({record.name}): {record.getMessage()}", _record_tb(record)))
-    found = [(m, None) for m in probe.messages] + extra
-    if found and outcome in ("ok", "typed error", "expected"):
-        outcome = "violation"
+                    at = TaskSite("(logged)", (f"{record.module}:{record.lineno} {record.funcName}",), f"{record.pathname}:{record.lineno}")
+                    extra.append((f"logged {record.levelname} ({record.name}): {record.getMessage()}", _record_tb(record), "log", at))
+    found: list[tuple[str, str | None, str, TaskSite | None]] = [
+        (m, None, "canceller" if m.startswith("canceller ") and i not in probe._detected else "check", probe._detected.get(i))
+        for i, m in enumerate(probe.messages)
+    ] + extra
+    if found and outcome_ in ("ok", "typed error", "expected"):
+        outcome_ = "violation"
     info = probe.fired_task
+    cancelled = tuple(probe.cancelled.values())
+    injection = _injection_of(probe)
     violations = tuple(
         Violation(
             scenario=name,
@@ -658,8 +1017,14 @@ def run_attempt(
             task=info.name if info else None,
             stack=info.stack if info else (),
             traceback=tb,
+            kind=kind,
+            injection=injection,
+            cancelled=cancelled,
+            detected=detected,
+            blocked=blocked if kind == "hang" else (),
+            perturbations=scheduler.perturbations,
         )
-        for message, tb in found
+        for message, tb, kind, detected in found
     )
     return Attempt(
         scenario=name,
@@ -671,11 +1036,14 @@ def run_attempt(
         task=info.name if info else None,
         stack=info.stack if info else (),
         violations=violations,
-        outcome=outcome,
+        outcome=outcome_,
         wall_time=time.perf_counter() - started,
         gate_timeouts=gate.timeouts,
         cancellers=tuple(probe.cancellers),
         logs=tuple(f"{r.levelname} {r.name}: {r.getMessage()}" for r in collector.records),
+        injection=injection,
+        cancelled=cancelled,
+        perturbations=scheduler.perturbations,
     )
 
 
@@ -685,6 +1053,7 @@ async def _main(
     probe._root = trio.lowlevel.current_root_task()
     probe._main = trio.lowlevel.current_task()
     probe._main.name = f"scenario {probe.scenario}"  # reports name it, not this wrapper
+    probe._paths[probe._main] = "scenario"
     done = trio.Event()
     async with trio.open_nursery() as nursery:
         with trio.CancelScope() as scope:
@@ -721,11 +1090,13 @@ async def _watchdog(
         return
     box["hung"] = True
     box["dump"] = _dump_tasks()
+    box["blocked"] = _blocked_tasks(probe)
     scope.cancel()
     with trio.move_on_after(settings.grace):
         await done.wait()
     if not done.is_set():
         box["dump"] = _dump_tasks()
+        box["blocked"] = _blocked_tasks(probe)
         clock = trio.lowlevel.current_clock()
         if isinstance(clock, trio.testing.MockClock):
             # The run is about to be abandoned with tasks stuck forever: stop the clock
@@ -808,6 +1179,101 @@ def _task_info(task: trio.lowlevel.Task) -> TaskInfo:
     return TaskInfo(task.name, stack)
 
 
+def _function_of(task: trio.lowlevel.Task) -> str:
+    code = getattr(task.coro, "cr_code", None)
+    frame = getattr(task.coro, "cr_frame", None)
+    module = str(frame.f_globals.get("__name__", "")) if frame is not None else ""
+    if code is None or f"{module}:".startswith(_INTERNAL) or module.startswith(_INTERNAL):
+        # A wrapper (AnyIO's task runner, ...): the task's name is the function's.
+        qual = task.name
+        qual = qual.rsplit("<locals>.", 1)[-1] if "<locals>." in qual else qual.rsplit(".", 1)[-1]
+        return qual
+    return str(code.co_qualname).rsplit("<locals>.", 1)[-1]
+
+
+def _injection_of(probe: Probe) -> TaskSite | None:
+    """The injection point: the first task to receive ``Cancelled`` that is not an
+    ancestor of another receiver (a parent waiting at its nursery's end receives it in
+    the same batch as the child it waits for, in either order)."""
+    receivers = list(probe.cancelled)
+    parents: set[trio.lowlevel.Task] = set()
+    for task in receivers:
+        nursery = task.parent_nursery
+        while nursery is not None and nursery.parent_task not in parents:
+            parents.add(nursery.parent_task)
+            nursery = nursery.parent_task.parent_nursery
+    for task in receivers:
+        if task not in parents:
+            return probe.cancelled[task]
+    return probe.injection
+
+
+def _frame_file(frame: FrameType, lineno: int) -> str:
+    return f"{frame.f_code.co_filename}:{lineno}"
+
+
+def _task_site(probe: Probe, task: trio.lowlevel.Task) -> TaskSite:
+    try:
+        frames = [(f, n) for f, n in task.iter_await_frames() if f.f_globals.get("__name__") != __name__]
+    except Exception:  # a task that just finished has no frames left to walk
+        frames = []
+    stack = tuple(_frame_label(f, n) for f, n in frames)
+    site = TaskSite(probe.path_of(task), stack)
+    for (f, n), label in zip(reversed(frames), reversed(stack), strict=True):
+        if label == site.site:
+            return attrs.evolve(site, file=_frame_file(f, n))
+    return site
+
+
+def _site_of_frame(path: str, frame: FrameType | None) -> TaskSite:
+    frames: list[tuple[FrameType, int]] = []
+    while frame is not None and len(frames) < 40:
+        frames.append((frame, frame.f_lineno))
+        frame = frame.f_back
+    frames.reverse()
+    frames = [(f, n) for f, n in frames if f.f_globals.get("__name__") != __name__]
+    stack = tuple(_frame_label(f, n) for f, n in frames)
+    site = TaskSite(path, stack)
+    for (f, n), label in zip(reversed(frames), reversed(stack), strict=True):
+        if label == site.site:
+            return attrs.evolve(site, file=_frame_file(f, n))
+    return site
+
+
+def _site_of_traceback(exc: BaseException) -> TaskSite:
+    tb = traceback.extract_tb(exc.__traceback__)
+    stack = tuple(f"{_module_of(fs.filename)}:{fs.lineno} {fs.name}" for fs in tb)
+    site = TaskSite("(raised)", stack)
+    for fs, label in zip(reversed(tb), reversed(stack), strict=True):
+        if label == site.site:
+            return attrs.evolve(site, file=f"{fs.filename}:{fs.lineno}")
+    return site
+
+
+def _module_of(filename: str) -> str:
+    for name, module in list(sys.modules.items()):
+        if getattr(module, "__file__", None) == filename:
+            return name
+    return Path(filename).stem
+
+
+def _blocked_tasks(probe: Probe) -> list[TaskSite]:
+    """The scenario's tasks still alive (for a hang report), innermost first."""
+    out: list[TaskSite] = []
+
+    def walk(task: trio.lowlevel.Task) -> None:
+        children = [c for n in task.child_nurseries for c in n.child_tasks]
+        if task is not probe._root and task not in probe._excluded and probe._counts(task) and not children:
+            out.append(_task_site(probe, task))
+        for child in children:
+            walk(child)
+
+    root = trio.lowlevel.current_root_task()
+    if root is not None:
+        walk(root)
+    return sorted(out, key=lambda t: t.path)
+
+
 def _dump_tasks() -> str:
     """Every task of the run with its await stack (for hang reports)."""
     lines: list[str] = []
@@ -842,6 +1308,20 @@ class Scenario:
     backend: str | None = None
     modes: tuple[str, ...] = ("checkpoints",)
     settings: Settings | None = None
+    allowed: tuple[type[BaseException], ...] | None = None
+    """Exception types that may escape this scenario (instead of ``Settings.allowed``)."""
+
+
+def _settings_of(spec: Scenario, settings: Settings | None) -> Settings:
+    conf = settings or spec.settings or Settings()
+    return conf if spec.allowed is None else attrs.evolve(conf, allowed=spec.allowed)
+
+
+def _ref_of(fn: object) -> str | None:
+    module, qual = getattr(fn, "__module__", None), getattr(fn, "__qualname__", None)
+    if not module or not qual or "<" in qual:
+        return None
+    return f"{module}:{qual}"
 
 
 def as_scenario(scenario: Scenario | ScenarioFn, name: str | None = None) -> Scenario:
@@ -869,46 +1349,92 @@ def step_plan(n: int, *, seed: int, stride: int = 1, max_steps: int | None = Non
     return range(1 + seed % stride, last + 1, stride)
 
 
+#: ``seeds=None`` (the default): seed 0 (Trio's seeded order) is explored at every step;
+#: seeds 1..DEFAULT_SEEDS-1 (PCT schedules) each get their dry run (schedule exploration),
+#: and full cancellation exploration when one seed's plan is at most AUTO_SEED_ATTEMPTS
+#: attempts, while the total stays within AUTO_ATTEMPTS (small scenarios: every schedule;
+#: a large one costs seed 0's exploration and DEFAULT_SEEDS - 1 dry runs more).
+DEFAULT_SEEDS: Final = 8
+AUTO_SEED_ATTEMPTS: Final = 100
+AUTO_ATTEMPTS: Final = 600
+
+
 def explore(
     scenario: Scenario | ScenarioFn,
     *,
     name: str | None = None,
     cancellers: Sequence[str] | None = None,
-    seeds: int | Sequence[int] = 1,
+    seeds: int | Sequence[int] | None = None,
     stride: int = 1,
     max_steps: int | None = None,
     settings: Settings | None = None,
     progress: ProgressFn | None = None,
+    allowed: Sequence[type[BaseException]] | None = None,
+    max_attempts: int | None = None,
+    max_seconds: float | None = None,
+    confirm: bool = True,
 ) -> ExploreReport:
-    """Explore a cancellation at every scheduler step of ``scenario``, by every canceller.
+    """Explore schedules, and a cancellation at every scheduler step of ``scenario`` by
+    every canceller, under each schedule.
 
-    Per seed: one dry run counts the ``N`` steps taken while the probe is armed; then
-    for each canceller (``cancellers``, else the scenario's declared ones, else those it
-    bound in the dry run) and each ``k`` of :func:`step_plan`, one attempt runs with
-    that canceller called right before step ``k``. A violation is anything the scenario
-    recorded, a hang, or an exception escaping the scenario other than ``Cancelled`` and
-    ``settings.allowed`` (the library's typed errors by default).
+    Per seed (seed 0: Trio's seeded batch order; seed >= 1: a PCT priority schedule):
+    one dry run counts the ``N`` steps taken while the probe is armed (and is itself a
+    schedule-exploration attempt: nothing is injected); then for each canceller
+    (``cancellers``, else the scenario's declared ones, else those it bound in the dry
+    run) and each ``k`` of :func:`step_plan`, one attempt runs with that canceller called
+    right before step ``k``. ``seeds=None``: :data:`DEFAULT_SEEDS` schedules, every one
+    dry-run first, then cancellations under seed 0, and under the others when a seed's
+    plan is at most :data:`AUTO_SEED_ATTEMPTS` attempts and the total stays within
+    :data:`AUTO_ATTEMPTS`. ``max_attempts`` / ``max_seconds`` stop the
+    exploration early (a note says so). A violation is anything the scenario recorded, a
+    hang, or an exception escaping the scenario other than ``Cancelled`` and the allowed
+    ones (``allowed``, else the scenario's, else ``settings.allowed``).
+
+    ``confirm``: replay each group's minimal attempt once more to check that it still
+    fails the same way (:attr:`ExploreReport.confirmed`).
 
     Synchronous: each attempt is a fresh ``trio.run`` on its own thread; call it from
-    plain code (not from inside a running Trio loop's thread... it works there too, but
-    blocks that loop). One exploration at a time per process (Trio's scheduler RNG is
-    global); concurrent calls are serialised.
+    plain code. One exploration at a time per process (Trio's scheduler RNG is global);
+    concurrent calls are serialised.
     """
     spec = as_scenario(scenario, name)
-    conf = settings or spec.settings or Settings()
+    conf = _settings_of(spec, settings)
+    if allowed is not None:
+        conf = attrs.evolve(conf, allowed=tuple(allowed))
     started = time.perf_counter()
     steps: dict[str, int] = {}
     dry_steps: dict[int, int] = {}
     violations: list[Violation] = []
     notes: list[str] = []
     attempts = 0
-    for seed in _seed_list(seeds):
+    auto = seeds is None
+    seed_list = list(range(DEFAULT_SEEDS)) if seeds is None else _seed_list(seeds)
+
+    def spent() -> str | None:
+        if max_attempts is not None and attempts >= max_attempts:
+            return f"{max_attempts} attempts"
+        if max_seconds is not None and time.perf_counter() - started >= max_seconds:
+            return f"{max_seconds}s"
+        return None
+
+    # Every schedule's dry run first: the cheap schedule exploration.
+    dries: dict[int, Attempt] = {}
+    for seed in seed_list:
+        if spent() is not None:
+            break
         dry = run_attempt(spec.run, spec.name, seed=seed, k=0, canceller=None, settings=conf)
+        dries[seed] = dry
         attempts += 1
         violations.extend(dry.violations)
         dry_steps[seed] = dry.steps
+        if progress is not None:
+            progress(f"{spec.name} schedules", len(dries), len(seed_list))
+    stopped: str | None = None
+    hung = [seed for seed, dry in dries.items() if dry.outcome == "hang"]
+    if hung:
+        notes.append(f"seed(s) {', '.join(map(str, hung))}: the dry run hung; their steps were not explored")
+    for seed, dry in dries.items():
         if dry.outcome == "hang":
-            notes.append(f"seed {seed}: the dry run hung; its steps were not explored")
             continue
         if dry.gate_timeouts:
             notes.append(f"seed {seed}: {dry.gate_timeouts} worker thread(s) outlived the gate (replay may drift)")
@@ -918,10 +1444,20 @@ def explore(
             raise ScenarioError(f"scenario {spec.name!r} did not bind canceller(s) {', '.join(unknown)} in its dry run")
         plan = step_plan(dry.steps, seed=seed, stride=stride, max_steps=max_steps)
         total = len(plan) * len(names)
+        if auto and seed != seed_list[0] and (total > AUTO_SEED_ATTEMPTS or attempts + total > AUTO_ATTEMPTS):
+            notes.append(
+                f"seeds {seed}..{seed_list[-1]}: schedules explored (dry runs), cancellations not "
+                f"({total} per seed; the default explores them up to {AUTO_SEED_ATTEMPTS} per seed and "
+                f"{AUTO_ATTEMPTS} in all: pass seeds= to explore them)"
+            )
+            break
         done = 0
         for canceller in names:
             steps.setdefault(canceller, 0)
             for k in plan:
+                stopped = spent()
+                if stopped is not None:
+                    break
                 attempt = run_attempt(spec.run, spec.name, seed=seed, k=k, canceller=canceller, settings=conf)
                 attempts += 1
                 done += 1
@@ -929,6 +1465,20 @@ def explore(
                 violations.extend(attempt.violations)
                 if progress is not None:
                     progress(f"{spec.name} seed={seed} {canceller}", done, total)
+            if stopped is not None:
+                break
+        if stopped is not None:
+            break
+    if stopped is None and len(dries) < len(seed_list):
+        stopped = spent()
+    if stopped is not None:
+        notes.append(f"budget of {stopped} spent after {attempts} attempts: the exploration stopped early")
+    confirmed: dict[str, bool] = {}
+    if confirm:
+        for group in group_violations(violations):
+            small = group.smallest
+            again = replay(spec, small.key, settings=conf)
+            confirmed[group.signature] = any(v.signature == group.signature for v in again.violations)
     return ExploreReport(
         scenario=spec.name,
         mode="checkpoints",
@@ -939,6 +1489,8 @@ def explore(
         dry_steps=dry_steps,
         backend=spec.backend,
         notes=tuple(notes),
+        confirmed=confirmed,
+        scenario_ref=_ref_of(spec.run),
     )
 
 
@@ -951,6 +1503,6 @@ def replay(scenario: Scenario | ScenarioFn, key: ReplayKey | str, *, settings: S
     spec = as_scenario(scenario)
     if isinstance(key, str):
         key = ReplayKey.parse(key)
-    conf = settings or spec.settings or Settings()
+    conf = _settings_of(spec, settings)
     canceller = None if key.k == 0 else key.canceller
     return run_attempt(spec.run, key.scenario, seed=key.seed, k=key.k, canceller=canceller, settings=conf)

@@ -47,6 +47,7 @@ from harness.faults._explore import (
     ScenarioFn,
     Settings,
     Violation,
+    _settings_of,
     as_scenario,
     run_attempt,
     step_plan,
@@ -142,7 +143,7 @@ def _explore_faults(
     settings: Settings | None,
     progress: ProgressFn | None,
 ) -> ExploreReport:
-    conf = settings or spec.settings or Settings()
+    conf = _settings_of(spec, settings)
     started = time.perf_counter()
     expected = (SimulatedCrash,) if mode == "crash" else ()
     finish = _at_rest_after(kind)
@@ -293,7 +294,7 @@ def replay(scenario: Scenario | ScenarioFn, key: ReplayKey | str, *, settings: S
     if label not in io_labels and label != CRASH:
         return replay_checkpoint(spec, key, settings=settings)
     assert kind is not None
-    conf = settings or spec.settings or Settings()
+    conf = _settings_of(spec, settings)
     k = key.k if key.k > 0 else None
     faults = _crash_faults(kind, k) if label == CRASH else _io_faults(kind, io_labels[label], k)
     return run_attempt(
