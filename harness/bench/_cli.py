@@ -44,6 +44,7 @@ DESCRIPTIONS: dict[str, str] = {
     "W10": "durable batches of 50, one flush each (W10-sqlite)",
     "W11": "in-memory batches through the actor",
     "W12": "close a store of many live sessions",
+    "W13": "the fault explorer's own cost per attempt on a 10-task scenario",
     "M1": "memory retained by a restored session",
 }
 """One line per workload, for ``harness bench --help`` (docs/architecture.md, Performance)."""
