@@ -391,3 +391,50 @@ async def test_closing_an_owner_disposes_its_agents(tmp_path: Path) -> None:
             assert await store.get("a") is None
             with pytest.raises(AgentDisposedError):
                 await h.run_turn("still works?")
+
+
+async def test_tool_arguments_beyond_the_limit_end_the_turn_typed() -> None:
+    # Issue 24 §2: arguments streamed in many small deltas are reassembled exactly, and
+    # a call whose arguments grow past the agent's bound fails the reply typed: no
+    # tool/call is logged and no tool runs.
+    from harness.agent import Agent
+    from harness.providers import Finish, ModelRequest, ToolCallDelta
+
+    ran: list[Any] = []
+
+    @tool("echo", "Echo")
+    async def echo(args: dict[str, Any]) -> Any:
+        ran.append(args)
+        return "ok"
+
+    arguments = '{"text": "' + "x" * 2000 + '"}'
+
+    class Pieces:
+        name = "pieces"
+        model = "p-1"
+        context_window = None
+
+        async def stream(self, request: ModelRequest) -> Any:
+            yield ToolCallDelta(0, "c1", arguments[:7], "echo")
+            for i in range(7, len(arguments), 7):
+                yield ToolCallDelta(0, "c1", arguments[i : i + 7])
+            yield Finish("tool-calls")
+
+    async with open_store(validator_factory=RelationalInvariants) as store:
+        s = await store.create()
+        agent = Agent(s, Pieces(), ToolSet([echo]), max_tool_arguments=len(arguments))  # type: ignore[arg-type]
+        await agent.run_turn("go")
+        assert ran == [{"text": "x" * 2000}]
+        calls = [thaw(e.data) for e in s.events if e.type == "tool/call"]
+        assert [c["arguments"] for c in calls] == [arguments]
+
+        s2 = await store.create()
+        agent2 = Agent(s2, Pieces(), ToolSet([echo]), max_tool_arguments=len(arguments) - 1)  # type: ignore[arg-type]
+        result = await agent2.run_turn("go")
+        assert result.kind == "error"
+        assert result.reason["error"]["code"] == "TOOL_ARGUMENTS_TOO_LARGE"
+        assert "'c1'" in result.reason["error"]["message"]
+        assert len(ran) == 1  # the oversized call reached no tool
+        types = [e.type for e in s2.events]
+        assert "tool/call" not in types and "assistant/message" not in types
+        balanced(s2)

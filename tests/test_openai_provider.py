@@ -169,6 +169,25 @@ async def test_awkward_tool_call_fragments() -> None:
     ]
 
 
+async def test_nameless_tool_call_fragments_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Issue 24 §2: fragments held back until a call's name arrives are joined once, and
+    # a call that streams more than MAX_TOOL_ARGUMENTS characters without a name is
+    # refused typed, not buffered without end.
+    from harness.providers import ToolArgumentsTooLargeError
+    from harness.providers import _openai as openai_module
+
+    monkeypatch.setattr(openai_module, "MAX_TOOL_ARGUMENTS", 40)
+    held = [chunk(tool_calls=[{"index": 0, "id": "c1", "function": {"arguments": "0123456789"}}]) for _ in range(4)]
+    named = [*held, chunk(tool_calls=[{"index": 0, "function": {"name": "add", "arguments": "!"}}]), chunk(finish="stop")]
+    over = [*held, chunk(tool_calls=[{"index": 0, "function": {"arguments": "0"}}]), chunk(finish="stop")]
+    async with fake_openai([Stream(named), Stream(over)]) as server, provider(server) as p:
+        assert await collect(p) == [ToolCallDelta(0, "c1", "0123456789" * 4 + "!", "add"), Finish("tool-calls")]
+        with pytest.raises(ToolArgumentsTooLargeError) as caught:
+            await collect(p)
+    assert caught.value.code == "TOOL_ARGUMENTS_TOO_LARGE" and caught.value.limit == 40
+    assert caught.value.call_id == "c1" and isinstance(caught.value, ProviderStreamError)
+
+
 async def test_finish_reasons() -> None:
     script = [
         Stream(text_events("cut", finish="length")),

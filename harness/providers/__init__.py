@@ -18,6 +18,7 @@ from harness.providers._errors import (
 )
 from harness.providers._models import ModelCatalog, ModelInfo
 from harness.providers._protocol import (
+    MAX_TOOL_ARGUMENTS,
     ContextWindowExceededError,
     Finish,
     ModelProvider,
@@ -29,6 +30,7 @@ from harness.providers._protocol import (
     ScriptExhaustedError,
     StreamChunk,
     TextDelta,
+    ToolArgumentsTooLargeError,
     ToolCallDelta,
     ToolSpec,
     Usage,
@@ -60,6 +62,7 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "DEEPSEEK",
+    "MAX_TOOL_ARGUMENTS",
     "ContentFilteredError",
     "ContextWindowExceededError",
     "Endpoint",
@@ -84,6 +87,7 @@ __all__ = [
     "ScriptExhaustedError",
     "StreamChunk",
     "TextDelta",
+    "ToolArgumentsTooLargeError",
     "ToolCallDelta",
     "ToolSpec",
     "Usage",
