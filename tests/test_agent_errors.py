@@ -223,11 +223,13 @@ async def test_a_provider_that_never_closes_its_stream_is_bounded(caplog: pytest
 async def test_dispose_waits_for_a_wedged_turn_only_so_long(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     started = trio.Event()
 
+    release = trio.Event()
+
     @tool("wedge", "Ignores cancellation")
     async def wedge(args: dict[str, Any]) -> Any:
         started.set()
         with trio.CancelScope(shield=True):
-            await trio.sleep(1.0)  # far beyond the grace below
+            await release.wait()  # only once the dispose has returned
         return "late"
 
     provider = ScriptedProvider([[Call("wedge")], [Say("never")]])
@@ -243,8 +245,11 @@ async def test_dispose_waits_for_a_wedged_turn_only_so_long(tmp_path: Path, capl
 
                 n.start_soon(turn)
                 await started.wait()  # the body runs (a dispose before it would stop it)
-                with trio.fail_after(0.5):
-                    await h.dispose()  # returns after the grace, not after the tool
+                # Returns after the grace, not after the tool: the tool ends only once it
+                # has returned (the bound is a hang guard, not the verdict).
+                with trio.fail_after(60):
+                    await h.dispose()
+                release.set()
                 assert h.disposed and await store.get("a") is None
     assert "did not end within" in caplog.text
 

@@ -8,7 +8,16 @@ from functools import partial
 
 import orjson
 
-from harness.bench import _actors, _backends, _compaction, _core, _disk, _durable, _streaming
+from harness.bench import (
+    _actors,
+    _backends,
+    _compaction,
+    _core,
+    _disk,
+    _durable,
+    _scoped,
+    _streaming,
+)
 from harness.bench._runner import Result
 
 Workload = Callable[[int, int], list[Result]]
@@ -27,12 +36,14 @@ WORKLOADS: dict[str, Workload] = {
     "W11": _durable.w11,
     "W12": _actors.w12,
     "W13": _streaming.w13,
+    "W14": _scoped.w14,
     "M1": _durable.m1,
 }
 """Workload ids; each may produce several variants (e.g. W2 -> W2, W2b)."""
 
 _VARIANT_OF = {"W2b": "W2", "W4-snapshot": "W4", "W1-actor": "W1", "W1-actor-batch": "W1", "W5-write": "W5", "W5-load": "W5", "W4-disk": "W5", "W9-sqlite": "W9", "W10-sqlite": "W10"}
 _VARIANT_OF.update({f"W13{kind}-{mb}MB": "W13" for kind in ("", "-provider", "-sse") for mb in _streaming.SIZES_MB})
+_VARIANT_OF.update({f"W14-{count}": "W14" for count in _scoped.AGENTS})
 
 
 BACKEND_CHOICES = ("all", *_durable.BACKENDS)
