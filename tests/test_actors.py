@@ -485,12 +485,10 @@ async def test_run_bounded_is_not_fooled_by_a_jumping_clock(
     autojump_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import threading
-
-    from actors import run_bounded
-
     import types
 
     import actors._bounded
+    from actors import run_bounded
 
     # The clock jumps while the thread blocks; the bound is also wall-clock time. The
     # wall clock is frozen here (issue 24 §5: a real one races the machine's load), and

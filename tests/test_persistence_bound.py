@@ -128,7 +128,7 @@ async def test_a_queued_call_gives_up_when_the_wall_clock_says_so(
     async with trio.open_nursery() as nursery:
         nursery.start_soon(lambda: trio.to_thread.run_sync(gate.wait, 60, limiter=limiter))
         await trio.testing.wait_all_tasks_blocked()
-        with pytest.raises(WaitOverrun, match="still queued after 1.0 s"):
+        with pytest.raises(WaitOverrun, match=r"still queued after 1\.0 s"):
             await run_storage_call(lambda: runs.append(1), limiter=limiter)
         gate.set()
     assert runs == []

@@ -8,6 +8,7 @@ from contextlib import AsyncExitStack
 from typing import Any
 
 import trio
+import trio.lowlevel
 
 from actors import Owner
 from harness.runtime import SessionHandle, open_store
@@ -72,7 +73,7 @@ async def test_delivery_order_with_scoped_and_unscoped_listeners_mixed() -> None
             return lambda h: log.append((kind, h.id, name))
 
         async def flush(h: SessionHandle) -> None:
-            await trio.sleep(0)
+            await trio.lowlevel.checkpoint()
             log.append((kind, h.id, name))
 
         return flush
