@@ -35,15 +35,15 @@ WORKLOADS: dict[str, Workload] = {
     "W10": _durable.w10,
     "W11": _durable.w11,
     "W12": _actors.w12,
-    "W13": _streaming.w13,
-    "W14": _scoped.w14,
+    "W15": _streaming.w15,
+    "W16": _scoped.w16,
     "M1": _durable.m1,
 }
 """Workload ids; each may produce several variants (e.g. W2 -> W2, W2b)."""
 
 _VARIANT_OF = {"W2b": "W2", "W4-snapshot": "W4", "W1-actor": "W1", "W1-actor-batch": "W1", "W5-write": "W5", "W5-load": "W5", "W4-disk": "W5", "W9-sqlite": "W9", "W10-sqlite": "W10"}
-_VARIANT_OF.update({f"W13{kind}-{mb}MB": "W13" for kind in ("", "-provider", "-sse") for mb in _streaming.SIZES_MB})
-_VARIANT_OF.update({f"W14-{count}": "W14" for count in _scoped.AGENTS})
+_VARIANT_OF.update({f"W15{kind}-{mb}MB": "W15" for kind in ("", "-provider", "-sse") for mb in _streaming.SIZES_MB})
+_VARIANT_OF.update({f"W16-{count}": "W16" for count in _scoped.AGENTS})
 
 
 BACKEND_CHOICES = ("all", *_durable.BACKENDS)

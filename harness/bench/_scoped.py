@@ -1,6 +1,6 @@
-"""W14: appends with one owner-scoped event listener per agent (issue 24 §3).
+"""W16: appends with one owner-scoped event listener per agent (issue 24 §3).
 
-``W14-<agents>``: ``agents`` owners (1, 100, 1,000, 10,000), each with one
+``W16-<agents>``: ``agents`` owners (1, 100, 1,000, 10,000), each with one
 ``on_event(..., scope=owner)`` listener, as an agent loop with a per-agent listener
 has; appends go round-robin to the sessions of ten of them (one event per call,
 through the session actor). The per-append cost should be flat in the number of
@@ -62,7 +62,7 @@ def _run(agents: int, listening: bool) -> float:
     return trio.run(main)
 
 
-def w14(n: int, runs: int, agents: tuple[int, ...] = AGENTS) -> list[Result]:
+def w16(n: int, runs: int, agents: tuple[int, ...] = AGENTS) -> list[Result]:
     """Per-append cost with 1..10,000 owner-scoped listeners (``n`` unused)."""
     runs = max(1, min(runs, 5))
     out: list[Result] = []
@@ -75,7 +75,7 @@ def w14(n: int, runs: int, agents: tuple[int, ...] = AGENTS) -> list[Result]:
         w, floor = statistics.median(works) * 1000.0, statistics.median(floors) * 1000.0
         out.append(
             Result(
-                f"W14-{count}",
+                f"W16-{count}",
                 w * APPENDS,
                 floor * APPENDS,
                 {"agents": count, "appends": APPENDS, "per_append_us": round(w * 1000.0, 2)},

@@ -1,15 +1,15 @@
-"""Streaming workloads (issue 24 §2): W13, a tool call's large arguments in small pieces.
+"""Streaming workloads (issue 24 §2): W15, a tool call's large arguments in small pieces.
 
 Each size runs three ways; every one should cost the same per megabyte at every size
 (linear), where the ``+=`` accumulation it replaced grew with the square of the size:
 
-* ``W13-<size>``: an agent turn through the actor runtime, the arguments streamed as
+* ``W15-<size>``: an agent turn through the actor runtime, the arguments streamed as
   64-character :class:`~harness.providers.ToolCallDelta` pieces (each one also logged as
   an ``assistant/chunk``), then parsed and handed to a tool;
-* ``W13-provider-<size>``: the OpenAI-compatible provider's parse of the same reply as an
+* ``W15-provider-<size>``: the OpenAI-compatible provider's parse of the same reply as an
   event stream (one SSE event per 64-character fragment, read 4 KiB at a time; the
   call's name arrives last, so every fragment is held back until then);
-* ``W13-sse-<size>``: one event-stream line of that size read 64 bytes at a time (sizes
+* ``W15-sse-<size>``: one event-stream line of that size read 64 bytes at a time (sizes
   capped under the parser's 8 MiB line bound).
 """
 
@@ -128,7 +128,7 @@ def _sse_line(size: int) -> float:
     return dt
 
 
-def w13(n: int, runs: int, sizes_mb: tuple[int, ...] = SIZES_MB) -> list[Result]:
+def w15(n: int, runs: int, sizes_mb: tuple[int, ...] = SIZES_MB) -> list[Result]:
     """Tool-call arguments of 1, 3 and 10 MB streamed in small pieces (``n`` unused)."""
     runs = max(1, min(runs, 3))
     out: list[Result] = []
@@ -138,11 +138,11 @@ def w13(n: int, runs: int, sizes_mb: tuple[int, ...] = SIZES_MB) -> list[Result]
         body = _event_stream(arguments)
         sse_size = min(size, 8 * 1024 * 1024 - 1024)
         for key, fn, note in (
-            (f"W13-{mb}MB", partial(_agent_turn, arguments), "an agent turn: tool-call arguments in 64-char deltas"),
-            (f"W13-provider-{mb}MB", partial(_provider_parse, body, size), "SSE + reply mapping: 64-char fragments, name last"),
-            (f"W13-sse-{mb}MB", partial(_sse_line, sse_size), "one event-stream line in 64-byte reads"),
+            (f"W15-{mb}MB", partial(_agent_turn, arguments), "an agent turn: tool-call arguments in 64-char deltas"),
+            (f"W15-provider-{mb}MB", partial(_provider_parse, body, size), "SSE + reply mapping: 64-char fragments, name last"),
+            (f"W15-sse-{mb}MB", partial(_sse_line, sse_size), "one event-stream line in 64-byte reads"),
         ):
             ms = median_ms(fn, runs)
-            measured = sse_size if key.startswith("W13-sse") else size
+            measured = sse_size if key.startswith("W15-sse") else size
             out.append(Result(key, ms, None, {"bytes": measured, "ms_per_mb": round(ms * _MB / measured, 2)}, note))
     return out
