@@ -419,7 +419,14 @@ async def test_tool_arguments_beyond_the_limit_end_the_turn_typed() -> None:
         model = "p-1"
         context_window = None
 
+        def __init__(self) -> None:
+            self.replies = 0
+
         async def stream(self, request: ModelRequest) -> Any:
+            self.replies += 1
+            if self.replies > 1:  # the step after the tool's result: the turn ends
+                yield Finish("stop")
+                return
             yield ToolCallDelta(0, "c1", arguments[:7], "echo")
             for i in range(7, len(arguments), 7):
                 yield ToolCallDelta(0, "c1", arguments[i : i + 7])
