@@ -362,10 +362,15 @@ async def test_a_stream_whose_close_fails_never_replaces_the_cancellation(where:
 
 
 async def test_a_cancelled_dispose_caller_stops_waiting_and_the_teardown_completes(tmp_path: Path) -> None:
+    # Driven by events, not sleeps (issue 24 §5: on a loaded machine the tool had not
+    # started after 50 ms, or had already ended).
+    started, release = trio.Event(), trio.Event()
+
     @tool("slow", "Ignores cancellation for a while")
     async def slow(args: dict[str, Any]) -> Any:
+        started.set()
         with trio.CancelScope(shield=True):
-            await trio.sleep(0.2)
+            await release.wait()
         return "done"
 
     provider = ScriptedProvider([[Call("slow")], [Say("ok")]])
@@ -374,11 +379,12 @@ async def test_a_cancelled_dispose_caller_stops_waiting_and_the_teardown_complet
             h = await loop.create("a", owner=owner)
             async with trio.open_nursery() as n:
                 n.start_soon(h.run_turn, "go")
-                await trio.sleep(0.05)  # the tool runs
+                await started.wait()  # the tool runs
                 with trio.move_on_after(0.02) as scope:
-                    await h.dispose()
+                    await h.dispose()  # waits for the tool, which cannot end yet
                 assert scope.cancelled_caught and not h.disposed  # the caller left at once
-            with trio.fail_after(5):
+                release.set()
+            with trio.fail_after(60):  # a hang guard, not the verdict
                 await h.dispose()  # a later caller waits for the same teardown
             assert h.disposed and await store.get("a") is None
 
