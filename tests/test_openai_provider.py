@@ -112,8 +112,10 @@ def text_of(chunks: Sequence[StreamChunk]) -> str:
     return "".join(c.text for c in chunks if isinstance(c, TextDelta))
 
 
-async def gone(server: FakeOpenAI, index: int = -1, within: float = 2.0) -> None:
-    """The server saw the client of connection ``index`` disconnect, in time."""
+async def gone(server: FakeOpenAI, index: int = -1, within: float = 30.0) -> None:
+    """The server saw the client of connection ``index`` disconnect. ``within`` only
+    guards against a hang (a loaded machine must not turn it into a verdict: issue 24
+    §5); that the release is prompt is checked on the client side."""
     with trio.fail_after(within):
         await server.conns[index].gone.wait()
 
@@ -167,6 +169,25 @@ async def test_awkward_tool_call_fragments() -> None:
         ToolCallDelta(1, "call_1", "{}", "echo"),
         Finish("tool-calls"),
     ]
+
+
+async def test_nameless_tool_call_fragments_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Issue 24 §2: fragments held back until a call's name arrives are joined once, and
+    # a call that streams more than MAX_TOOL_ARGUMENTS characters without a name is
+    # refused typed, not buffered without end.
+    from harness.providers import ToolArgumentsTooLargeError
+    from harness.providers import _openai as openai_module
+
+    monkeypatch.setattr(openai_module, "MAX_TOOL_ARGUMENTS", 40)
+    held = [chunk(tool_calls=[{"index": 0, "id": "c1", "function": {"arguments": "0123456789"}}]) for _ in range(4)]
+    named = [*held, chunk(tool_calls=[{"index": 0, "function": {"name": "add", "arguments": "!"}}]), chunk(finish="stop")]
+    over = [*held, chunk(tool_calls=[{"index": 0, "function": {"arguments": "0"}}]), chunk(finish="stop")]
+    async with fake_openai([Stream(named), Stream(over)]) as server, provider(server) as p:
+        assert await collect(p) == [ToolCallDelta(0, "c1", "0123456789" * 4 + "!", "add"), Finish("tool-calls")]
+        with pytest.raises(ToolArgumentsTooLargeError) as caught:
+            await collect(p)
+    assert caught.value.code == "TOOL_ARGUMENTS_TOO_LARGE" and caught.value.limit == 40
+    assert caught.value.call_id == "c1" and isinstance(caught.value, ProviderStreamError)
 
 
 async def test_finish_reasons() -> None:
@@ -312,12 +333,12 @@ async def test_retry_after_is_honoured_then_the_stream_succeeds() -> None:
     assert len(server.requests) == 3
 
 
-async def test_a_retry_after_beyond_the_bound_is_not_waited_for() -> None:
+async def test_a_retry_after_beyond_the_bound_is_not_waited_for(caplog: pytest.LogCaptureFixture) -> None:
     async with fake_openai([Status(429, "later", {"retry-after": "3600"})]) as server:
         async with provider(server, retry=RetryPolicy(max_retries=3, max_retry_after=60)) as p:
-            start = time.monotonic()
             err = await fails(p, RateLimitedError)
-            assert time.monotonic() - start < 1
+    # No retry was scheduled (each one logs its delay): the error came back at once.
+    assert "retry" not in caplog.text
     assert err.retry_after_ms == 3_600_000 and len(server.requests) == 1
 
 
@@ -390,7 +411,7 @@ async def test_a_stalled_stream_times_out_and_the_connection_is_closed() -> None
         async with provider(server, timeouts=Timeouts(read=0.2)) as p:
             start = time.monotonic()
             err = await fails(p, ProviderTimeoutError)
-            assert 0.2 <= time.monotonic() - start < 2
+            assert time.monotonic() - start >= 0.2  # the idle bound, never early
             await gone(server)
     assert getattr(err, "phase", None) == "read" and len(server.requests) == 1
 
@@ -408,9 +429,10 @@ async def test_cancelling_mid_stream_closes_the_connection_at_once() -> None:
             async for c in stream:
                 got.append(c)
         assert scope.cancelled_caught and len(got) > 3
-        start = time.monotonic()
-        await gone(server)  # released by the cancelled __anext__ itself, before any aclose
-        assert time.monotonic() - start < 0.5
+        # Released by the cancelled __anext__ itself, before any aclose: the stream
+        # holds no response any more, and the server sees the client go.
+        assert stream._response is None and stream._raw is None  # type: ignore[attr-defined]
+        await gone(server)
         assert not server.conns[0].completed
         await stream.aclose()  # type: ignore[attr-defined]  # idempotent
 

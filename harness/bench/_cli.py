@@ -8,7 +8,17 @@ from functools import partial
 
 import orjson
 
-from harness.bench import _actors, _backends, _compaction, _core, _disk, _durable, _faults
+from harness.bench import (
+    _actors,
+    _backends,
+    _compaction,
+    _core,
+    _disk,
+    _durable,
+    _faults,
+    _scoped,
+    _streaming,
+)
 from harness.bench._runner import Result
 
 Workload = Callable[[int, int], list[Result]]
@@ -26,8 +36,10 @@ WORKLOADS: dict[str, Workload] = {
     "W10": _durable.w10,
     "W11": _durable.w11,
     "W12": _actors.w12,
-    "M1": _durable.m1,
     "W13": _faults.w13,
+    "W15": _streaming.w15,
+    "W16": _scoped.w16,
+    "M1": _durable.m1,
 }
 """Workload ids; each may produce several variants (e.g. W2 -> W2, W2b)."""
 
@@ -45,11 +57,15 @@ DESCRIPTIONS: dict[str, str] = {
     "W11": "in-memory batches through the actor",
     "W12": "close a store of many live sessions",
     "W13": "the fault explorer's own cost per attempt on a 10-task scenario",
+    "W15": "streamed tool-call arguments of 1, 3 and 10 MB (agent turn, provider parse, SSE line)",
+    "W16": "appends with one owner-scoped listener per agent, 1 to 10,000 agents",
     "M1": "memory retained by a restored session",
 }
 """One line per workload, for ``harness bench --help`` (docs/architecture.md, Performance)."""
 
 _VARIANT_OF = {"W2b": "W2", "W4-snapshot": "W4", "W1-actor": "W1", "W1-actor-batch": "W1", "W5-write": "W5", "W5-load": "W5", "W4-disk": "W5", "W9-sqlite": "W9", "W10-sqlite": "W10"}
+_VARIANT_OF.update({f"W15{kind}-{mb}MB": "W15" for kind in ("", "-provider", "-sse") for mb in _streaming.SIZES_MB})
+_VARIANT_OF.update({f"W16-{count}": "W16" for count in _scoped.AGENTS})
 
 
 BACKEND_CHOICES = ("all", *_durable.BACKENDS)

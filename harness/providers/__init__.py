@@ -24,6 +24,7 @@ from harness.providers._middleware import (
 )
 from harness.providers._models import ModelCatalog, ModelInfo
 from harness.providers._protocol import (
+    MAX_TOOL_ARGUMENTS,
     ContextWindowExceededError,
     Finish,
     ModelProvider,
@@ -35,6 +36,7 @@ from harness.providers._protocol import (
     ScriptExhaustedError,
     StreamChunk,
     TextDelta,
+    ToolArgumentsTooLargeError,
     ToolCallDelta,
     ToolSpec,
     Usage,
@@ -66,6 +68,7 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "DEEPSEEK",
+    "MAX_TOOL_ARGUMENTS",
     "ContentFilteredError",
     "ContextWindowExceededError",
     "Endpoint",
@@ -94,6 +97,7 @@ __all__ = [
     "StreamMiddleware",
     "StreamNext",
     "TextDelta",
+    "ToolArgumentsTooLargeError",
     "ToolCallDelta",
     "ToolSpec",
     "Usage",

@@ -44,6 +44,7 @@ from harness.providers._errors import (
 )
 from harness.providers._models import ModelInfo
 from harness.providers._protocol import (
+    MAX_TOOL_ARGUMENTS,
     ContextWindowExceededError,
     Finish,
     ModelRequest,
@@ -53,6 +54,7 @@ from harness.providers._protocol import (
     ReasoningDelta,
     StreamChunk,
     TextDelta,
+    ToolArgumentsTooLargeError,
     ToolCallDelta,
     ToolSpec,
     Usage,
@@ -465,13 +467,17 @@ def _replayed_reasoning(messages: list[dict[str, Any]], policy: ReasoningReplay)
 
 
 class _Call:
-    __slots__ = ("announced", "block", "buffered", "id", "name")
+    __slots__ = ("announced", "block", "buffered", "held", "id", "name")
 
     def __init__(self, block: int) -> None:
         self.block = block
         self.id: str | None = None
         self.name: str | None = None
-        self.buffered = ""
+        # Fragments held back until the name arrives: pieces joined once (``+=`` on
+        # the attribute copied the whole text per fragment, issue 24 §2), ``held``
+        # their length in characters.
+        self.buffered: list[str] = []
+        self.held = 0
         self.announced = False
 
 
@@ -567,10 +573,21 @@ class _ReplyMapper:
                 out.append(ToolCallDelta(call.block, self._call_id(key, call), args))
         elif call.name is not None:
             call.announced = True
-            out.append(ToolCallDelta(call.block, self._call_id(key, call), call.buffered + args, call.name))
-            call.buffered = ""
-        else:
-            call.buffered += args
+            call.buffered.append(args)
+            out.append(ToolCallDelta(call.block, self._call_id(key, call), "".join(call.buffered), call.name))
+            call.buffered = []
+        elif args:
+            call.held += len(args)
+            if call.held > MAX_TOOL_ARGUMENTS:
+                out.append(
+                    ToolArgumentsTooLargeError(
+                        f"{self._provider}: tool call {key} streamed more than {MAX_TOOL_ARGUMENTS} characters of arguments without a name",
+                        call_id=call.id,
+                        limit=MAX_TOOL_ARGUMENTS,
+                    )
+                )
+                return
+            call.buffered.append(args)
 
     def _call_id(self, key: int, call: _Call) -> str:
         if call.id is None:
@@ -778,7 +795,7 @@ class _ChatStream:
                 return
             items = self._mapper.feed(payload)
             self._pending.extend(items)
-            if items and isinstance(items[-1], ProviderError):
+            if any(isinstance(item, ProviderError) for item in items):
                 self._ended = True
                 return
 

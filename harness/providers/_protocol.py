@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import AsyncIterator, Sequence
-from typing import Any, Protocol, TypeAlias
+from typing import Any, Final, Protocol, TypeAlias
 
 import attrs
 import trio
@@ -124,6 +124,27 @@ class ProviderStreamError(ProviderError):
     provider bug, a raw transport error); the original is chained as the cause."""
 
     code = "PROVIDER_STREAM_FAILED"
+
+
+#: The longest tool-call arguments text (characters) a reply may stream for one call.
+#: 16 Mi characters is far beyond any real tool call (the SSE parser bounds one event at
+#: 8 MiB; arguments arrive across many events), and short of what would make a session's
+#: log or a tool's JSON parse a memory hazard.
+MAX_TOOL_ARGUMENTS: Final = 16 * 1024 * 1024
+
+
+class ToolArgumentsTooLargeError(ProviderStreamError):
+    """A streamed tool call's arguments grew beyond the bound
+    (:data:`MAX_TOOL_ARGUMENTS` unless configured): the reply is refused as a failed
+    stream (nothing of it is committed), never handed to a tool. ``call_id`` names
+    the call, ``limit`` the bound in characters."""
+
+    code = "TOOL_ARGUMENTS_TOO_LARGE"
+
+    def __init__(self, message: str, *, call_id: str | None, limit: int) -> None:
+        super().__init__(message)
+        self.call_id = call_id
+        self.limit = limit
 
 
 class ScriptExhaustedError(ProviderError):

@@ -34,6 +34,7 @@ class SSEParser:
 
     def __init__(self, *, max_event_bytes: int = 8 * 1024 * 1024) -> None:
         self._buf = bytearray()
+        self._scan = 0  # self._buf[:self._scan] holds no line terminator
         self._data: list[str] = []
         self._size = 0
         self._event = ""
@@ -47,20 +48,26 @@ class SSEParser:
         out: list[SSEEvent] = []
         start = 0
         n = len(buf)
+        # The search for the pending line's end resumes where the last feed's stopped:
+        # a long line in small reads is scanned once, not once per read (issue 24 §2).
+        scan = self._scan
         while start < n:
-            lf = buf.find(b"\n", start)
-            cr = buf.find(b"\r", start, lf if lf >= 0 else n)
+            lf = buf.find(b"\n", scan)
+            cr = buf.find(b"\r", scan, lf if lf >= 0 else n)
             if cr >= 0:
                 if cr + 1 == n:
+                    scan = cr
                     break  # a lone \r at the end: wait, it may be half of \r\n
                 end, nxt = cr, cr + 2 if buf[cr + 1] == _LF else cr + 1
             elif lf >= 0:
                 end, nxt = lf, lf + 1
             else:
+                scan = n
                 break
             self._line(bytes(buf[start:end]), out)
-            start = nxt
-        del buf[:start]
+            start = scan = nxt
+        del buf[:start]  # a bytearray drops its head in O(1)
+        self._scan = scan - start
         if len(buf) > self._max:
             raise SSEFormatError(f"an event-stream line exceeds {self._max} bytes")
         return out
@@ -72,6 +79,7 @@ class SSEParser:
         if self._buf.endswith(b"\r"):
             self._line(bytes(self._buf[:-1]), out)
         self._buf.clear()
+        self._scan = 0
         self._data = []
         self._event = ""
         return out

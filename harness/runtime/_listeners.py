@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
+import heapq
 import inspect
+import itertools
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import trio
 
+from actors import Owner
 from harness.errors import AsyncListenerError
 from harness.runtime._scopes import Scoped
 
 if TYPE_CHECKING:
-    from harness.runtime._handles import SessionHandle
+    from harness.runtime._handles import Entry, SessionHandle
     from harness.runtime._warnings import Warnings
     from harness.session import Event
 
@@ -71,22 +74,24 @@ class Listeners:
 
             warnings = Warnings()
         self.warnings = warnings
-        self.created: list[CreatedListener] = []
-        self.event: list[EventListener] = Registry()
-        self.disposed: list[DisposedListener] = []
+        # Routed by scope (see Registry): a session reaches only the listeners that can
+        # hear it, whatever the number of listeners scoped to other owners.
+        self.created = Registry()
+        self.event = Registry()
+        self.disposed = Registry()
         self.pre_commit: list[PreCommitHook] = []
-        self.flush: list[FlushListener] = []
+        self.flush = Registry()
 
     def emit_event(self, handle: SessionHandle, events: tuple[Event, ...]) -> None:
         # The set is resolved once per commit (reference §7: before the commit), but a
         # listener unsubscribed while a batch is dispatched hears none of its later
         # events (the reference dispatches one append at a time and resolves each).
         listeners = self.event
-        removals = getattr(listeners, "removals", 0)
-        for listener in list(listeners):
+        removals = listeners.removals
+        for key, listener in listeners.heard_by(handle):
             later = False
             for ev in events:
-                if later and getattr(listeners, "removals", 0) != removals and not _registered(listeners, listener):
+                if later and listeners.removals != removals and not listeners.registered(key):
                     break
                 later = True
                 try:
@@ -104,7 +109,7 @@ class Listeners:
                     )
 
     def emit_disposed(self, handle: SessionHandle) -> None:
-        for listener in list(self.disposed):
+        for _, listener in self.disposed.heard_by(handle):
             try:
                 result: Any = listener(handle)
                 if result is not None:
@@ -127,7 +132,7 @@ class Listeners:
         Cancellation: propagates to the listeners, and a bare ``Cancelled`` (never a
         group of them) is raised once they have all ended.
         """
-        listeners = [fn for fn in self.flush if not isinstance(fn, Scoped) or fn.hears(handle)]
+        listeners = [fn for _, fn in self.flush.heard_by(handle)]
         if not listeners:
             return False
         failures: list[BaseException | None] = [None] * len(listeners)
@@ -161,19 +166,95 @@ class Listeners:
         return True
 
 
-class Registry(list[Any]):
-    """A listener list that counts the removals of :func:`subscribe`'s unsubscribes, so
-    a dispatch can tell cheaply whether its resolved set is still current."""
+class Registry:
+    """The listeners of one kind, in registration order, indexed by scope.
 
-    __slots__ = ("removals",)
+    An unscoped listener hears every session; one scoped to ``K`` (a :class:`Scoped`)
+    only the sessions whose scope is ``K`` or descends from it. So a session of scope
+    ``C`` is heard by the unscoped listeners and by those scoped to ``C`` or one of its
+    ancestors: :meth:`heard_by` looks up those few buckets and merges them back into
+    registration order, instead of asking every scoped listener of the store (with one
+    owner-scoped listener per agent, every append cost O(agents): issue 24 §3).
+
+    Each registration has its own key (a counter: the registration order), so one
+    callable registered twice is two entries, and an unsubscribe removes its own;
+    ``removals`` counts the unsubscribes, so a dispatch can tell cheaply whether the
+    set it resolved is still current. Iterating gives the listeners in order.
+    """
+
+    __slots__ = ("_all", "_keys", "_scope_of", "_scoped", "_unscoped", "removals")
 
     def __init__(self) -> None:
-        super().__init__()
+        self._all: dict[int, Any] = {}  # key -> listener; dicts keep insertion order
+        self._unscoped: dict[int, Any] = {}
+        self._scoped: dict[Owner, dict[int, Scoped]] = {}
+        self._keys = itertools.count()
+        self._scope_of: Callable[[Entry], Owner | None] | None = None
         self.removals = 0
 
+    def add(self, listener: Any) -> int:
+        """Register ``listener`` last; return the key that :meth:`discard` takes."""
+        key = next(self._keys)
+        self._all[key] = listener
+        if isinstance(listener, Scoped):
+            self._scoped.setdefault(listener.scope, {})[key] = listener
+            self._scope_of = listener.scope_of  # one store: one scope map
+        else:
+            self._unscoped[key] = listener
+        return key
 
-def _registered(items: list[Any], item: object) -> bool:
-    return any(registered is item for registered in items)
+    def discard(self, key: int) -> None:
+        """Remove the registration ``key`` (nothing if it is gone already)."""
+        if key not in self._all:
+            return
+        listener = self._all.pop(key)
+        self.removals += 1
+        if isinstance(listener, Scoped):
+            bucket = self._scoped[listener.scope]
+            del bucket[key]
+            if not bucket:
+                del self._scoped[listener.scope]
+        else:
+            del self._unscoped[key]
+
+    def registered(self, key: int) -> bool:
+        return key in self._all
+
+    def heard_by(self, handle: SessionHandle) -> list[tuple[int, Any]]:
+        """``(key, listener)`` of every listener that hears ``handle``'s session, in
+        registration order: O(scope depth + listeners heard)."""
+        if not self._scoped:
+            return list(self._unscoped.items())
+        assert self._scope_of is not None
+        sources = [self._unscoped] if self._unscoped else []
+        owner = self._scope_of(handle._entry)
+        while owner is not None:
+            bucket = self._scoped.get(owner)
+            if bucket is not None:
+                sources.append(bucket)
+            owner = owner.parent
+        if len(sources) <= 1:
+            return list(sources[0].items()) if sources else []
+        # Keys are unique: the merge never compares two listeners.
+        return list(heapq.merge(*(bucket.items() for bucket in sources)))
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(list(self._all.values()))
+
+    def __len__(self) -> int:
+        return len(self._all)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Registry):
+            return list(self._all.values()) == list(other._all.values())
+        if isinstance(other, list):
+            return list(self._all.values()) == other
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"Registry({list(self._all.values())!r})"
 
 
 def _only_cancelled(group: BaseExceptionGroup[BaseException]) -> trio.Cancelled | None:
@@ -208,7 +289,7 @@ def is_async_callable(fn: object) -> bool:
     return inspect.iscoroutinefunction(call) or inspect.isasyncgenfunction(call)
 
 
-def subscribe_sync(kind: str, items: list[Any], item: Any) -> Callable[[], None]:
+def subscribe_sync(kind: str, items: list[Any] | Registry, item: Any) -> Callable[[], None]:
     """:func:`subscribe` for a listener the store calls synchronously: an async
     callable is refused (:class:`AsyncListenerError`), never called and dropped."""
     if is_async_callable(item):
@@ -233,13 +314,16 @@ def refuse_awaitable(kind: str, listener: object, result: object) -> None:
     )
 
 
-def subscribe(items: list[Any], item: Any) -> Callable[[], None]:
+def subscribe(items: list[Any] | Registry, item: Any) -> Callable[[], None]:
     """Add ``item`` to ``items``; return an idempotent unsubscribe function.
 
     The unsubscribe removes this registration only, once: a callable registered twice
     stays registered once after one of its unsubscribes (called any number of times),
     and an equal but distinct callable (``==`` without ``is``) is never removed.
     """
+    if isinstance(items, Registry):
+        registry, key = items, items.add(item)
+        return lambda: registry.discard(key)
     items.append(item)
     removed = False
 
@@ -251,8 +335,6 @@ def subscribe(items: list[Any], item: Any) -> Callable[[], None]:
         for i, registered in enumerate(items):  # by identity, not ==
             if registered is item:
                 del items[i]
-                if type(items) is Registry:
-                    items.removals += 1
                 return
 
     return remove

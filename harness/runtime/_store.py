@@ -42,6 +42,7 @@ from harness.runtime._listeners import (
     FlushListener,
     Listeners,
     PreCommitHook,
+    Registry,
     refuse_awaitable,
     subscribe,
     subscribe_sync,
@@ -322,7 +323,7 @@ class StoreActor(Actor[Any]):
         if entry.announced:
             raise SessionAlreadyAnnouncedError(f'session "{handle.id}" was already announced', session_id=handle.id)
         entry.announced = True  # set before dispatch: a reentrant announce is refused
-        for listener in list(self.store.listeners.created):
+        for _, listener in self.store.listeners.created.heard_by(handle):
             try:
                 result: Any = listener(handle)
                 if result is not None:
@@ -481,7 +482,7 @@ class Store:
         check_listener_owner(scope, kind)
         return Scoped(listener, scope, self._scope_of)
 
-    def _listen(self, kind: str, items: list[Any], listener: Any, scope: Owner | None) -> Callable[[], None]:
+    def _listen(self, kind: str, items: Registry, listener: Any, scope: Owner | None) -> Callable[[], None]:
         """Subscribe ``listener`` (scoped to ``scope`` when given: released with it)."""
         wrapped = self._scoped(kind, listener, scope)
         if kind == "session/flush":
