@@ -29,6 +29,29 @@ from tests.helpers import rec, user
 H: dict[str, Any] = {"version": 0, "id": "s", "createdAt": 1, "cwd": "/w"}
 
 
+class LeaseClock:
+    """The SQLite lease's wall clock, standing still until a test moves it: expiry is
+    decided by this clock, not by how long a sleep took on a loaded machine."""
+
+    def __init__(self) -> None:
+        self.now_ms = int(time.time() * 1000)
+
+    def __call__(self) -> int:
+        return self.now_ms
+
+    def advance(self, seconds: float) -> None:
+        self.now_ms += int(seconds * 1000)
+
+
+@pytest.fixture
+def lease_clock(monkeypatch: pytest.MonkeyPatch) -> LeaseClock:
+    import harness.persistence._sqlite as sqlite_module
+
+    clock = LeaseClock()
+    monkeypatch.setattr(sqlite_module, "_now_ms", clock)
+    return clock
+
+
 def events(start: int, n: int) -> list[dict[str, Any]]:
     return [rec("user/message", i, user(f"m{i}"), surfaceOp="append") for i in range(start, start + n)]
 
@@ -122,13 +145,15 @@ def test_a_foreign_host_lease_stands_until_it_expires(db: Path) -> None:
     lease.release()
 
 
-def test_fencing_refuses_a_writer_whose_lease_was_taken_over(tmp_path: Path) -> None:
+def test_fencing_refuses_a_writer_whose_lease_was_taken_over(
+    tmp_path: Path, lease_clock: LeaseClock
+) -> None:
     path = tmp_path / "s.db"
     first = SqliteBackend(path, lease_ttl=0.2)
     old = first.acquire_writer(H)
     first.materialize(H, events(0, 2), lease=old)
     first.close()  # stops its idle renewals, as a frozen process would
-    time.sleep(0.3)  # no write, no renewal: the lease expires (its holder is alive)
+    lease_clock.advance(0.3)  # no write, no renewal: the lease expires (its holder is alive)
     second = SqliteBackend(path)
     new = second.acquire_writer(H)
     with pytest.raises(LeaseLostError) as info:
@@ -147,7 +172,7 @@ def test_fencing_refuses_a_writer_whose_lease_was_taken_over(tmp_path: Path) -> 
     assert not second.lock_held(H)
 
 
-def test_every_write_renews_the_lease(tmp_path: Path) -> None:
+def test_every_write_renews_the_lease(tmp_path: Path, lease_clock: LeaseClock) -> None:
     path = tmp_path / "s.db"
     writer = SqliteBackend(path, lease_ttl=1.0)
     lease = writer.acquire_writer(H)
@@ -155,16 +180,16 @@ def test_every_write_renews_the_lease(tmp_path: Path) -> None:
     writer.close()  # no idle renewals: only the writes below renew
     other = SqliteBackend(path)
     for i in range(1, 5):
-        time.sleep(0.4)
+        lease_clock.advance(0.4)
         writer.append("s", events(i, 1), lease=lease)  # renews
         with pytest.raises(SessionLockedError):
             other.acquire_writer(H)  # 1.6 s after the lease was taken, with a TTL of 1 s
-    time.sleep(0.4)
+    lease_clock.advance(0.4)
     lease.renew()  # an idle holder renews explicitly
-    time.sleep(0.4)
+    lease_clock.advance(0.4)
     with pytest.raises(SessionLockedError):
         other.acquire_writer(H)
-    time.sleep(0.7)
+    lease_clock.advance(0.7)
     other.acquire_writer(H).release()  # expired at last
 
 

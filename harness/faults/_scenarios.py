@@ -1034,7 +1034,8 @@ def _check_recovered(probe: Probe, s: SessionHandle, result: TurnResult | None) 
 
 async def compact_command(probe: Probe, kind: str) -> None:
     """An idle agent with history runs ``/compact`` while a follow-up is sent during
-    the summary: the follow-up's turn runs once the compaction has ended."""
+    the summary: the follow-up is recorded, and its turn runs, once the compaction has
+    ended (reference: only ``compaction/start`` sits inside a manual bracket)."""
     script = [[Say("followed up")]]
     async with agent_run(
         probe,
@@ -1086,9 +1087,10 @@ def check_commands(probe: Probe, s: SessionHandle) -> None:
 
 
 def _check_follow_up(probe: Probe, s: SessionHandle, *, clean: bool) -> None:
-    """The follow-up's turn does not start inside the ``/compact`` bracket. A clean run
-    also compacted successfully (the answer names what), the follow-up was sent while
-    the summary ran, and its turn completed."""
+    """Nothing of the follow-up is written inside the ``/compact`` bracket: neither its
+    inbox record nor its turn (reference: a send during a manual compaction waits for
+    the bracket to close). A clean run also compacted successfully (the answer names
+    what), recorded the follow-up after the bracket, and its turn completed."""
     events = list(s.events)
     commands = {str(_data(e).get("commandId")) for e in events if e.type == "command/run"}
     start: int | None = None
@@ -1108,6 +1110,11 @@ def _check_follow_up(probe: Probe, s: SessionHandle, *, clean: bool) -> None:
             current = (int(d.get("turn", 0)), e.seq)
         elif e.type == "user/message" and _text(d) == FOLLOW_UP_TEXT:
             turn = current
+    if sent is not None and start is not None and sent > start:
+        probe.check(
+            end is not None and sent > end,
+            f'live "{s.id}": the follow-up was recorded at seq {sent}, inside the /compact bracket (seqs {start}..{end})',
+        )
     if turn is not None and start is not None and turn[1] > start:
         probe.check(
             end is not None and turn[1] > end,
@@ -1121,8 +1128,8 @@ def _check_follow_up(probe: Probe, s: SessionHandle, *, clean: bool) -> None:
         f"clean run: /compact answered {done}",
     )
     probe.check(
-        sent is not None and start is not None and end is not None and start < sent < end,
-        f"clean run: the follow-up (seq {sent}) was not sent during the /compact summary (seqs {start}..{end})",
+        sent is not None and end is not None and sent > end,
+        f"clean run: the follow-up (seq {sent}) was not recorded after the /compact bracket (seqs {start}..{end})",
     )
     reasons = [
         _data(e).get("reason") for e in events if e.type == "turn/end" and turn is not None and _data(e).get("turn") == turn[0]
