@@ -23,7 +23,7 @@ from harness.fuzz._budget import BUDGETS, CORPUS_DIRS, ENV, TARGETS
 from harness.fuzz._report import COUNTS_FILE_ENV
 
 #: Seconds of coverage-guided fuzzing per target, per budget (``--seconds`` overrides).
-SECONDS: Final = {"dev": 5, "ci": 15, "long": 600}
+SECONDS: Final = {"dev": 5, "ci": 8, "long": 600}
 _DONE = re.compile(rb"Done (\d+) runs in")
 _STAT_RUNS = re.compile(rb"stat::number_of_executed_units:\s*(\d+)")
 
@@ -38,7 +38,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--budget", choices=sorted(BUDGETS), default="ci",
                         help="example budget of the Hypothesis tests and default seconds per target (default ci)")
     parser.add_argument("--seconds", type=int, default=None,
-                        help="seconds of coverage-guided fuzzing per target (default: 5 dev, 15 ci, 600 long)")
+                        help="seconds of coverage-guided fuzzing per target (default: 5 dev, 8 ci, 600 long)")
     parser.add_argument("--target", action="append", choices=TARGETS, default=None,
                         help="coverage-guided target (repeatable; default: all)")
     parser.add_argument("--no-hypothesis", action="store_true", help="skip the Hypothesis fuzz tests")
