@@ -121,9 +121,9 @@ def test_campaign_plans_and_parallel_runs_agree() -> None:
         ("sigkill/jsonl", "kill"),
     ]
     assert plan[-1].kills == 8
-    # The CI budget explores every second step of the checkpoints and io modes (every
-    # crash point): `--seeds 2` or the full budget covers the rest.
-    assert [i.stride for i in plan] == [2, 2, 1, 1, 1]
+    # The CI budget explores every third step of the checkpoints and io modes (every
+    # crash point): `--seeds 3` or the full budget covers the rest.
+    assert [i.stride for i in plan] == [3, 3, 1, 1, 1]
     assert {i.stride for i in plan_campaign(scenarios, modes=["checkpoints"], seeds=1, budget=BUDGETS["full"])} == {1}
     assert plan_campaign(scenarios, modes=["crash"], seeds=50, budget=BUDGETS["ci"])[-1].kills == 200
     one = run_campaign(scenarios, modes=["io"], seeds=1, budget=BUDGETS["ci"], jobs=1)

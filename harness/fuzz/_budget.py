@@ -9,7 +9,7 @@ from typing import Final
 #: ``HARNESS_FUZZ`` -> the factor applied to each test's base example count. ``dev``
 #: keeps a local run of one fuzz file to seconds on a shared machine; ``ci`` is the
 #: bounded section of ``python3 dev.py test``; ``long`` is the on-demand campaign.
-BUDGETS: Final = {"dev": 0.2, "ci": 1.0, "long": 20.0}
+BUDGETS: Final = {"dev": 0.2, "ci": 0.6, "long": 20.0}
 ENV: Final = "HARNESS_FUZZ"
 
 #: The coverage-guided targets (:mod:`harness.fuzz._targets`), named here so that the
