@@ -159,18 +159,16 @@ class Runtime:
         Cancellation: as :meth:`create` and :meth:`resume` (``Cancelled`` means this
         call published nothing); a cancelled open waiting for the id's lock leaves it
         to the next waiter, which opens the id itself."""
-        owner = self.owner if owner is None else owner
-
         async def live() -> AgentHandle | None:
             return await live_agent(self.loop.get(session_id))
 
         async def resume() -> AgentHandle:
-            return await self.loop.resume(
+            return await self.resume(
                 session_id, owner=owner, setup=setup, provider=provider, tools=tools, system=system, max_tokens=max_tokens
             )
 
         async def create() -> AgentHandle:
-            return await self.loop.create(
+            return await self.create(
                 session_id,
                 owner=owner,
                 setup=setup,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, Literal, TypeVar, cast
 
 import attrs
@@ -521,34 +521,25 @@ class Agent:
         if not self.hooks.checkpoint:
             return
         context = CheckpointContext(self, turn, step, point, call_id, self.session.seq)
-        for listener in list(self.hooks.checkpoint):
-            try:
-                result: object = listener(context)
-                if result is not None:
-                    refuse_awaitable("agent/checkpoint", listener, result)
-            except Exception as exc:
-                self.session.store.warnings.report(
-                    log,
-                    "listener-failed",
-                    "agent/checkpoint",
-                    f'agent "{self.id}": a checkpoint listener failed: {exc!r}',
-                    session_id=self.id,
-                    error=exc,
-                    level=logging.ERROR,
-                )
+        self._call_listeners("agent/checkpoint", "checkpoint", self.hooks.checkpoint, context)
 
     def _notify(self, status: Status) -> None:
-        for listener in list(self.hooks.status):
+        self._call_listeners("agent/status", "status", self.hooks.status, self, status)
+
+    def _call_listeners(self, source: str, what: str, listeners: Iterable[Callable[..., object]], *args: object) -> None:
+        """Call each synchronous listener with ``args``; a failure (or an awaitable
+        returned) is reported as a ``listener-failed`` warning, never raised."""
+        for listener in list(listeners):
             try:
-                result: object = listener(self, status)
+                result: object = listener(*args)
                 if result is not None:
-                    refuse_awaitable("agent/status", listener, result)
+                    refuse_awaitable(source, listener, result)
             except Exception as exc:
                 self.session.store.warnings.report(
                     log,
                     "listener-failed",
-                    "agent/status",
-                    f'agent "{self.id}": a status listener failed: {exc!r}',
+                    source,
+                    f'agent "{self.id}": a {what} listener failed: {exc!r}',
                     session_id=self.id,
                     error=exc,
                     level=logging.ERROR,
