@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 import attrs
@@ -71,6 +72,11 @@ class Backend(Protocol):
     Optional: ``load_lines(session_id) -> StoredLines | None``, the log's event lines
     undecoded, which ``prepare`` tries first (decision 0010; JSONL has it). ``None``
     sends it to :meth:`load`.
+
+    Optional: ``write_group(writes: Sequence[GroupWrite]) -> list[BaseException | None]``,
+    several sessions' batches made durable together (group commit, issue 26): one
+    transaction, or one round of fsyncs, for all of them. A backend without it gets
+    :func:`write_each`.
     """
 
     name: str
@@ -101,6 +107,44 @@ class Backend(Protocol):
     def acquire_writer(self, header: dict[str, Any]) -> WriterLease: ...
 
     def lock_held(self, header: dict[str, Any]) -> bool: ...
+
+
+@attrs.frozen
+class GroupWrite:
+    """One session's batch in a group commit (:func:`write_each`, ``write_group``).
+
+    ``materialized`` False: the session's first write (``materialize(header,
+    records)``); True: an ``append(session_id, records)``. ``lease`` is the writer's
+    lease, checked exactly as by those calls."""
+
+    session_id: str
+    header: dict[str, Any]
+    records: list[dict[str, Any]]
+    materialized: bool
+    lease: WriterLease | None
+
+
+def write_each(backend: Backend, writes: Sequence[GroupWrite]) -> list[BaseException | None]:
+    """Blocking: the ``write_group`` contract by one call per batch, in order.
+
+    The contract every ``write_group`` keeps: the result is aligned with ``writes``;
+    ``None`` means that batch is durable, an exception that *none* of it landed (the
+    exception ``append``/``materialize`` would have raised for it alone). One batch's
+    failure (a lost lease, a refused first write) never fails another's; a failure of
+    the shared step (the transaction's commit, an fsync) fails every batch it covers.
+    Batches of one session appear in the order given and land in that order."""
+    results: list[BaseException | None] = []
+    for w in writes:
+        try:
+            if w.materialized:
+                backend.append(w.session_id, w.records, lease=w.lease)
+            else:
+                backend.materialize(w.header, w.records, lease=w.lease)
+        except Exception as exc:
+            results.append(exc)
+        else:
+            results.append(None)
+    return results
 
 
 def header_record(header: dict[str, Any]) -> dict[str, Any]:
