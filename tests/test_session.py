@@ -421,3 +421,85 @@ async def test_an_out_of_range_clock_never_reaches_the_write_behind(tmp_path: An
         await h.append("feedback/record", {"a": 3})
         await h.flush()
         assert p is not None and [e.seq for e in h.events] == [0, 1]
+
+
+def _nested(depth: int) -> Any:
+    value: Any = {}
+    for k in range(depth - 1):
+        value = [value] if k % 2 else {"k": value}
+    return value
+
+
+class _StrKey(str):
+    pass
+
+
+class _Int(int):
+    pass
+
+
+def _cyclic() -> Any:
+    a: list[Any] = []
+    a.append({"a": a})
+    return a
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        (1, 2),
+        float("nan"),
+        float("inf"),
+        -0.0,
+        {1: "a"},
+        {_StrKey("k"): 1},
+        {"k": _Int(1)},
+        "\ud800",
+        {"\udfff": 1},
+        2**64,
+        -(2**63) - 1,
+        b"bytes",
+        {"k": [1, {2, 3}]},
+        _cyclic(),
+    ],
+    ids=repr,
+)
+def test_append_hot_path_refuses_what_the_walk_refuses(bad: Any) -> None:
+    """Issue 26: the append's direct fast walk keeps every rule (and message) of the
+    validating copy, in append and in each draft of a batch; nothing lands."""
+    s = fresh()
+    msg = 'session event "x/y" carries non-JSON-serializable data'
+    with pytest.raises(NotJsonError, match=msg):
+        s.append("x/y", {"v": bad})
+    with pytest.raises(NotJsonError, match=msg):
+        s.append_batch([EventDraft("x/y", {}), EventDraft("x/y", {"v": [bad]})])
+    assert s.seq == 0
+
+
+def test_append_depth_limit_through_the_fast_walk_and_past_it() -> None:
+    s = fresh()
+    for depth in (1, 48, 49, 50, 199, 200):
+        ev = s.append("x/y", _nested(depth))
+        assert thaw(ev.data) == _nested(depth)
+    with pytest.raises(NotJsonError, match='session event "x/y" carries data nested more than 200 levels deep'):
+        s.append("x/y", _nested(201))
+    with pytest.raises(NotJsonError, match="nested more than 200 levels deep"):
+        s.append_batch([EventDraft("x/y", {}), EventDraft("x/y", _nested(201))])
+    assert s.seq == 6
+
+
+def test_event_to_record_of_each_metadata_shape() -> None:
+    s = fresh()
+    s.append("user/message", user("a"), surface_op="append")
+    s.append("user/message", user("b"), surface_op="append")
+    s.append("x/y", {"n": 1})
+    s.append("user/message", user("c"), surface_op=ReplaceOp(0, 1), source_event_seqs=[0, 1])
+    s.append_batch([EventDraft("x/z", {"i": [1]}, ignorable=True)])
+    records = [orjson.loads(orjson.dumps(event_to_record(e))) for e in s.events]
+    assert records[0] == {"type": "user/message", "seq": 0, "time": 42, "data": thaw(user("a")), "surfaceOp": "append"}
+    assert list(records[0]) == ["type", "seq", "time", "data", "surfaceOp"]
+    assert records[2] == {"type": "x/y", "seq": 2, "time": 42, "data": {"n": 1}}
+    assert list(records[3]) == ["type", "seq", "time", "data", "sourceEventSeqs", "surfaceOp"]
+    assert records[3]["surfaceOp"] == {"op": "replace", "start": 0, "end": 1}
+    assert records[3]["sourceEventSeqs"] == [0, 1]
+    assert records[4] == {"type": "x/z", "seq": 4, "time": 42, "data": {"i": [1]}, "ignorable": True}

@@ -11,7 +11,15 @@ from typing import Any, Final, Literal, TypeAlias
 
 import attrs
 
-from harness.session._json import JsonValue, RawJson, raw_equal, raw_of, view
+from harness.session._json import (
+    FrozenDict,
+    FrozenList,
+    JsonValue,
+    RawJson,
+    raw_equal,
+    raw_of,
+    view,
+)
 
 SAFE_INT_MAX: Final = 2**53 - 1
 
@@ -157,15 +165,18 @@ def event_to_record(event: Event) -> dict[str, Any]:
     The record shares the event's frozen tree (arrays may be tuples): serialise it, or
     pass it through :func:`~harness.session.thaw` for a plain, mutable copy.
     """
-    rec: dict[str, Any] = {
-        "type": event.type,
-        "seq": event.seq,
-        "time": event.time,
-        "data": raw_of(event._data),
-    }
-    if event.source_event_seqs is not None:
-        rec["sourceEventSeqs"] = event.source_event_seqs
+    # Called per event by the persistence writer on the Trio thread: the plain
+    # append (an "append" op, nothing else) is one dict display.
+    data = event._data
+    if type(data) is FrozenDict or type(data) is FrozenList:
+        data = data._raw
     op = event.surface_op
+    src = event.source_event_seqs
+    if op == APPEND and src is None and not event.ignorable:
+        return {"type": event.type, "seq": event.seq, "time": event.time, "data": data, "surfaceOp": APPEND}
+    rec: dict[str, Any] = {"type": event.type, "seq": event.seq, "time": event.time, "data": data}
+    if src is not None:
+        rec["sourceEventSeqs"] = src
     if op is not None:
         rec["surfaceOp"] = op if isinstance(op, str) else op.to_raw()
     if event.ignorable:

@@ -238,6 +238,27 @@ def try_snapshot_raw(value: object) -> tuple[bool, RawJson]:
         return False, None
 
 
+class SnapshotRefused(Exception):
+    """Internal: :func:`snapshot_storable_fast` could not copy the value as it is.
+
+    Either it is not JSON or it nests past the fast walk's depth: the caller asks
+    :func:`try_snapshot_storable` for the verdict (and the copy of a deep value)."""
+
+
+def snapshot_storable_fast(value: object) -> RawJson:
+    """The append hot path's validating copy: the raw copy of a storable ``value``
+    of the common (shallow) shapes, or :class:`SnapshotRefused`.
+
+    No result tuple and no wrapper frame per value (issue 26): the caller handles
+    the rare refusal with :func:`try_snapshot_storable`, which gives the exact
+    reason. The fast walk gives up past ``_FAST_DEPTH`` (< ``MAX_STORABLE_DEPTH``)
+    levels, so what it copies needs no depth check."""
+    try:
+        return _copy_fast(value, 0)
+    except (_TooDeep, _Invalid):
+        raise SnapshotRefused from None
+
+
 def try_snapshot_storable(value: object, max_depth: int = MAX_STORABLE_DEPTH) -> tuple[str | None, RawJson]:
     """Like :func:`try_snapshot_raw` for a value that must also be storable:
     ``(None, raw)``, or ``(why, None)`` with ``why`` ``"not JSON"`` or ``"too deep"``
