@@ -4,6 +4,7 @@ Nothing here imports Trio: everything that can be decided synchronously is a pla
 function or class, testable without an event loop.
 """
 
+from harness.session._append_types import AppendValidator, Clock, EventDraft, wall_clock_ms
 from harness.session._chunks import decode_storage_record, is_storage_row, pack_chunk_runs
 from harness.session._derive import EventLog, MessageList, derive_event_message
 from harness.session._event_codec import (
@@ -46,17 +47,11 @@ from harness.session._json import (
     raw_of,
     thaw,
 )
+from harness.session._planning import AppendPlan
 from harness.session._repair import closers_for_records, interrupted_turn_closers
 from harness.session._request_header import canonical_header, fold_request_header, header_equals
-from harness.session._session import (
-    AppendPlan,
-    AppendValidator,
-    Clock,
-    EventDraft,
-    Session,
-    decode_records,
-    wall_clock_ms,
-)
+from harness.session._seeding import decode_records
+from harness.session._session import Session
 from harness.session._surface import Replacement, SurfaceFold, SurfaceNodes, fold_surface
 
 __all__ = [
