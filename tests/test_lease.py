@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import socket
 import sqlite3
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -268,18 +269,30 @@ def test_a_v1_database_is_refused_unchanged_and_can_be_copied(tmp_path: Path) ->
 
 
 def test_close_stops_the_lease_keeper_before_closing(tmp_path: Path) -> None:
-    import time
+    # Hand-offs by events, not sleeps: the keeper's renewal is held open while close()
+    # runs, and the verdict is read only once that renewal has ended.
+    entered, proceed, done = threading.Event(), threading.Event(), threading.Event()
 
     class Slow(SqliteBackend):
         def _renew(self, lease: Any) -> None:
-            time.sleep(0.2)  # a renewal under way while close() runs
-            super()._renew(lease)
+            entered.set()
+            try:
+                assert proceed.wait(60)  # a renewal under way while close() runs
+                super()._renew(lease)
+            finally:
+                done.set()
 
     backend = Slow(tmp_path / "s.db", lease_ttl=0.3)  # the keeper renews every 0.1 s
     backend.acquire_writer({"type": "session", "version": 0, "id": "s", "createdAt": 1})
-    time.sleep(0.15)  # the keeper is inside _renew
-    backend.close()
-    time.sleep(0.4)
+    assert entered.wait(60)  # the keeper is inside _renew (bounds a broken run only)
+    closer = threading.Thread(target=backend.close)
+    closer.start()
+    with backend._keeper_wake:  # close() has begun: it forgot the held leases
+        assert backend._keeper_wake.wait_for(lambda: not backend._held, timeout=60)
+    proceed.set()
+    closer.join(60)
+    assert not closer.is_alive()
+    assert done.wait(60)  # the renewal has ended, whether close() waited for it or not
     assert backend._db is None  # nothing reopened the connection after close
     assert backend._keeper is None or not backend._keeper.is_alive()
 
