@@ -29,6 +29,7 @@ from harness.persistence import PostgresBackend, PostgresSchemaError, open_persi
 from harness.persistence._postgres_schema import SCHEMA_VERSION
 from harness.runtime import open_store
 from tests.helpers import rec, user
+from tests.pg_cluster import pass_expiry
 
 H: dict[str, Any] = {"version": 0, "id": "s", "createdAt": 1, "cwd": "/w"}
 
@@ -199,14 +200,6 @@ def lease_row(url: str, schema: str) -> tuple[Any, ...]:
     return row
 
 
-def pass_expiry(url: str, schema: str, sid: str = "s") -> None:
-    """The server's clock passes the lease's expiry, without waiting for it: every lease
-    decision of the backend compares ``expires`` with ``clock_timestamp()``, so moving
-    ``expires`` back is moving the server's "now" forward for this lease (a test hook,
-    not something the backend ever does)."""
-    sql(url, f"UPDATE {schema}.leases SET expires = clock_timestamp() - interval '1 millisecond' WHERE session_id = %s", (sid,))
-
-
 def lease_remaining_ms(url: str, schema: str, sid: str = "s") -> int:
     [(ms,)] = sql(url, f"SELECT (extract(epoch FROM expires - clock_timestamp()) * 1000)::bigint FROM {schema}.leases WHERE session_id = %s", (sid,))
     return int(ms)
@@ -232,7 +225,7 @@ def test_fencing_refuses_a_writer_whose_lease_was_taken_over(make: Any, pg_url: 
     old = first.acquire_writer(H)
     first.materialize(H, events(0, 2), lease=old)
     first._keeper.stop()  # a frozen process renews nothing
-    pass_expiry(pg_url, pg_schema)  # the lease expires; its holder is "alive" on another host
+    pass_expiry(pg_url, pg_schema, "s")  # the lease expires; its holder is "alive" on another host
     second = make(host="host-b")
     new = second.acquire_writer(H)
     assert lease_row(pg_url, pg_schema)[0] == 2  # the fence grew
@@ -269,7 +262,7 @@ def test_the_keeper_renews_an_idle_lease_and_a_dead_holder_is_taken_over(make: A
 
     keeper._renew_all = gated
     lease = a.acquire_writer(H)
-    pass_expiry(a.url, a.schema)  # idle past its TTL: only the keeper's renewal keeps it
+    pass_expiry(a.url, a.schema, "s")  # idle past its TTL: only the keeper's renewal keeps it
     assert lease_remaining_ms(a.url, a.schema) <= 0
     gate.set()
     with keeper._wake:
