@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Final
 
 import trio
+import trio.lowlevel
 
 from harness.bench._backends import Factory, _factory
 from harness.bench._events import bench_payload
@@ -105,7 +106,7 @@ def run_level(make: Callable[[], Backend], sessions: int, seconds: float, limit:
                 async with trio.open_nursery() as nursery:
                     for h in handles:
                         nursery.start_soon(writer, h)
-                    await trio.sleep(0)  # every writer waits on `go`
+                    await trio.lowlevel.checkpoint()  # every writer waits on `go`
                     start = clock()
                     deadline[0] = start + seconds
                     go.set()

@@ -34,7 +34,7 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any, Final
+from typing import IO, Any, Final
 
 import attrs
 import orjson
@@ -142,7 +142,23 @@ def run_many(kind: str, target: str, *, procs: int, sessions: int, rounds: int, 
     cmd = [sys.executable, "-m", "harness.bench._procs_worker", kind, target]
     # stderr to files, not pipes: a worker that logs much must never block on a full pipe
     # while the driver waits for another worker's line.
-    logs = [tempfile.TemporaryFile("w+") for _ in range(procs)]
+    with contextlib.ExitStack() as stack:
+        logs = [stack.enter_context(tempfile.TemporaryFile("w+")) for _ in range(procs)]
+        return _run_workers(kind, target, cmd, env, logs, procs, sessions, rounds, burst, timeout)
+
+
+def _run_workers(
+    kind: str,
+    target: str,
+    cmd: list[str],
+    env: dict[str, str],
+    logs: Sequence[IO[str]],
+    procs: int,
+    sessions: int,
+    rounds: int,
+    burst: int,
+    timeout: float,
+) -> Verdict:
     workers = [
         subprocess.Popen(
             [*cmd, str(i), str(sessions), str(rounds), str(burst)],
@@ -156,7 +172,12 @@ def run_many(kind: str, target: str, *, procs: int, sessions: int, rounds: int, 
     ]
     # A hung worker is killed at ``timeout`` (the run then fails on its missing lines):
     # a bound on a broken run, never part of a clean run's verdict.
-    watchdog = threading.Timer(timeout, lambda: [w.kill() for w in workers if w.poll() is None])
+    def kill_all() -> None:
+        for w in workers:
+            if w.poll() is None:
+                w.kill()
+
+    watchdog = threading.Timer(timeout, kill_all)
     watchdog.daemon = True
     watchdog.start()
     errors: list[dict[str, Any]] = []
@@ -208,8 +229,6 @@ def run_many(kind: str, target: str, *, procs: int, sessions: int, rounds: int, 
                 if stream is not None:
                     with contextlib.suppress(BrokenPipeError):
                         stream.close()
-        for f in logs:
-            f.close()
     return check(kind, target, reports, elapsed, errors)
 
 

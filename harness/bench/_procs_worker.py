@@ -23,7 +23,13 @@ from typing import Any
 import orjson
 import trio
 
-from harness.persistence import Backend, JsonlBackend, PostgresBackend, SqliteBackend, open_persistence
+from harness.persistence import (
+    Backend,
+    JsonlBackend,
+    PostgresBackend,
+    SqliteBackend,
+    open_persistence,
+)
 from harness.runtime import SessionHandle, open_store
 
 _NS = uuid.UUID("6f1b3c2e-52a1-4f8e-9d3e-5b0c1a7d2e90")
