@@ -302,7 +302,7 @@ def w18(
         }
         firsts = [e for v in verdicts for e in v.errors][:3]
         if firsts:
-            extra["first_errors"] = [str(e.get("message", ""))[:200] for e in firsts]
+            extra["first_errors"] = [str(e.get("message", ""))[:600] for e in firsts]
         note = "processes x sessions, bursts of appends; errors/lost/reordered must be 0"
         out.append(Result(f"W18-{kind}", elapsed * 1000.0, None, extra, note))
     return out
