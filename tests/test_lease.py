@@ -194,13 +194,33 @@ def test_every_write_renews_the_lease(tmp_path: Path, lease_clock: LeaseClock) -
     other.acquire_writer(H).release()  # expired at last
 
 
-async def test_a_live_writer_keeps_its_lease_while_idle(tmp_path: Path) -> None:
+async def test_a_live_writer_keeps_its_lease_while_idle(tmp_path: Path, lease_clock: LeaseClock) -> None:
     path = tmp_path / "s.db"
-    async with open_store() as store, open_persistence(store, SqliteBackend(path, lease_ttl=0.6)):
+    backend = SqliteBackend(path, lease_ttl=60)  # no timed keeper round during the test
+    renewed, renew = threading.Semaphore(0), backend._renew
+
+    def counted(lease: Any) -> None:
+        renew(lease)
+        renewed.release()
+
+    backend._renew = counted  # type: ignore[method-assign]
+
+    def keeper_round() -> bool:
+        # Wake the keeper until it has renewed once (a wake before it waits is lost).
+        for _ in range(2400):  # bounds a broken run only
+            with backend._keeper_wake:
+                backend._keeper_wake.notify_all()
+            if renewed.acquire(timeout=0.05):
+                return True
+        return False
+
+    async with open_store() as store, open_persistence(store, backend):
         s = await store.create("s", cwd="/w")
         await s.append("feedback/record", 0)
         await s.flush()
-        await trio.sleep(1.5)  # idle for longer than the TTL: the backend renews
+        lease_clock.advance(50)  # idle, most of its TTL gone
+        assert await trio.to_thread.run_sync(keeper_round)  # the backend renews
+        lease_clock.advance(50)  # past the first TTL: only the renewal keeps it
         with pytest.raises(SessionLockedError):
             await trio.to_thread.run_sync(SqliteBackend(path).acquire_writer, H)
         await s.append("feedback/record", 1)
