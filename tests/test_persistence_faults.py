@@ -751,7 +751,7 @@ async def test_a_write_that_never_got_a_thread_leaves_no_lock(tmp_path: Path, mo
                     limiter.total_tokens = 1
                     async with trio.open_nursery() as n:
                         n.start_soon(partial(trio.to_thread.run_sync, gate.wait, 2.0))
-                        await trio.sleep(0.05)
+                        await trio.testing.wait_all_tasks_blocked()  # it holds the last token
                         await s.append("feedback/record", {"i": 1})
                         with pytest.raises(WriterWedgedError):
                             await s.flush()
