@@ -19,7 +19,7 @@ import pytest
 
 from harness.persistence._postgres_cluster import PgCluster, missing, start_cluster
 
-__all__ = ["PgCluster", "pg_cluster", "pg_schema", "pg_url"]
+__all__ = ["PgCluster", "pass_expiry", "pg_cluster", "pg_schema", "pg_url"]
 
 
 @pytest.fixture(scope="session")
@@ -42,3 +42,19 @@ def pg_schema() -> str:
 @pytest.fixture
 def pg_url(pg_cluster: PgCluster) -> str:
     return pg_cluster.url
+
+
+def pass_expiry(url: str, schema: str, sid: str) -> None:
+    """The server's clock passes the lease of ``sid``'s expiry, without waiting for it.
+
+    Every lease decision of the PostgreSQL backend compares the row's ``expires`` with
+    the server's ``clock_timestamp()``, so moving ``expires`` back is moving the server's
+    "now" forward for this lease: tests use it instead of sleeping through a TTL (a test
+    hook, nothing the backend does). It waits on the row lock like any writer."""
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(
+            f"UPDATE {schema}.leases SET expires = clock_timestamp() - interval '1 millisecond' WHERE session_id = %s",
+            (sid,),
+        )

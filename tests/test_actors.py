@@ -64,7 +64,7 @@ async def test_call_returns_and_rejections_keep_their_type() -> None:
     assert a.applied == ["x", "y", "z"]
 
 
-async def test_cancelled_before_taken_is_withdrawn() -> None:
+async def test_cancelled_before_taken_is_withdrawn(autojump_clock: trio.testing.MockClock) -> None:
     async with ActorRuntime() as rt:
         a = Counter()
         a.gate = trio.Event()
@@ -79,7 +79,7 @@ async def test_cancelled_before_taken_is_withdrawn() -> None:
     assert a.applied == ["wait", "after"]
 
 
-async def test_cancelled_after_taken_waits_for_the_reply() -> None:
+async def test_cancelled_after_taken_waits_for_the_reply(autojump_clock: trio.testing.MockClock) -> None:
     # Trio's rule: Cancelled means "not applied". A caller cancelled once the actor
     # took its message waits (shielded) for the handler and gets the result.
     async with ActorRuntime() as rt:
@@ -133,7 +133,7 @@ async def test_applied_in_the_same_step_as_the_cancel_is_reported_applied() -> N
         assert len(applied) == len(a.applied)  # every applied message was reported
 
 
-async def test_reply_overdue_is_a_typed_error() -> None:
+async def test_reply_overdue_is_a_typed_error(autojump_clock: trio.testing.MockClock) -> None:
     class Slow(Counter):
         reply_grace = 0.05
 
@@ -148,7 +148,7 @@ async def test_reply_overdue_is_a_typed_error() -> None:
         a.gate.set()
 
 
-async def test_stop_is_bounded_by_stop_grace() -> None:
+async def test_stop_is_bounded_by_stop_grace(autojump_clock: trio.testing.MockClock) -> None:
     async with ActorRuntime(stop_grace=0.05) as rt:
         a = Counter()
         a.gate = trio.Event()  # never set: the handler hangs
@@ -161,7 +161,7 @@ async def test_stop_is_bounded_by_stop_grace() -> None:
     assert a.applied == []
 
 
-async def test_full_mailbox_applies_backpressure() -> None:
+async def test_full_mailbox_applies_backpressure(autojump_clock: trio.testing.MockClock) -> None:
     async with ActorRuntime() as rt:
         a = Counter()
         a.gate = trio.Event()
@@ -373,7 +373,7 @@ async def test_owner_closes_its_tasks() -> None:
         owner.start_soon(task)
 
 
-async def test_owner_aclose_waits_for_its_tasks_and_spares_the_body() -> None:
+async def test_owner_aclose_waits_for_its_tasks_and_spares_the_body(autojump_clock: trio.testing.MockClock) -> None:
     ended: list[str] = []
     async with Owner("app") as owner:
 
@@ -394,7 +394,7 @@ async def test_owner_aclose_waits_for_its_tasks_and_spares_the_body() -> None:
     assert ended == ["task", "body"]
 
 
-async def test_owner_aclose_from_an_owned_task_does_not_deadlock() -> None:
+async def test_owner_aclose_from_an_owned_task_does_not_deadlock(autojump_clock: trio.testing.MockClock) -> None:
     with trio.fail_after(5):
         async with Owner("app") as owner:
             done = trio.Event()
@@ -411,7 +411,7 @@ async def test_owner_aclose_from_an_owned_task_does_not_deadlock() -> None:
     assert owner.reason == "self"
 
 
-async def test_abandoned_operation_is_cancelled() -> None:
+async def test_abandoned_operation_is_cancelled(autojump_clock: trio.testing.MockClock) -> None:
     seen: list[str] = []
     owner = Lifetime("owner")
 
@@ -505,7 +505,7 @@ async def test_run_bounded_is_not_fooled_by_a_jumping_clock(
         assert await run_bounded(lambda: trio.to_thread.run_sync(gate.wait), 1.0)
 
 
-async def test_run_bounded_cancelled_caller_gets_a_bare_cancelled() -> None:
+async def test_run_bounded_cancelled_caller_gets_a_bare_cancelled(autojump_clock: trio.testing.MockClock) -> None:
     from actors import run_bounded
 
     nonlocal_seen: list[BaseException] = []
@@ -562,7 +562,7 @@ async def test_failures_mixed_with_the_cancellation_of_an_abandoned_operation_ar
     assert isinstance(late[0], ExceptionGroup) and [type(e) for e in late[0].exceptions] == [OSError]
 
 
-async def test_owner_close_cancels_its_tasks_at_once() -> None:
+async def test_owner_close_cancels_its_tasks_at_once(autojump_clock: trio.testing.MockClock) -> None:
     cancelled = trio.Event()
     async with Owner("app") as owner:
 
@@ -579,7 +579,7 @@ async def test_owner_close_cancels_its_tasks_at_once() -> None:
             await cancelled.wait()
 
 
-async def test_run_bounded_fn_failing_while_the_caller_is_cancelled_is_unwrapped() -> None:
+async def test_run_bounded_fn_failing_while_the_caller_is_cancelled_is_unwrapped(autojump_clock: trio.testing.MockClock) -> None:
     from actors import run_bounded
 
     async def fails_on_cancel() -> None:
@@ -593,7 +593,7 @@ async def test_run_bounded_fn_failing_while_the_caller_is_cancelled_is_unwrapped
             await run_bounded(fails_on_cancel, 10.0)
 
 
-async def test_a_cancelled_stop_is_still_bounded_and_forgets_the_actor() -> None:
+async def test_a_cancelled_stop_is_still_bounded_and_forgets_the_actor(autojump_clock: trio.testing.MockClock) -> None:
     async with ActorRuntime(stop_grace=0.05) as rt:
         a = Counter()
         a.gate = trio.Event()  # never set: the handler hangs

@@ -184,7 +184,7 @@ async def test_cancelled_turn_never_answers_a_call_twice() -> None:
             assert len(results) == len(set(results)), (k, results)
 
 
-async def test_a_provider_that_never_closes_its_stream_is_bounded(caplog: pytest.LogCaptureFixture) -> None:
+async def test_a_provider_that_never_closes_its_stream_is_bounded(autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture) -> None:
     from harness.agent import Agent
     from harness.errors import SessionError
     from harness.providers import ModelRequest, TextDelta
@@ -322,7 +322,7 @@ async def test_owner_aclose_waits_for_a_dispose_started_inside_the_turn(tmp_path
 
 
 @pytest.mark.parametrize("where", ["while-flushing", "inside-the-stream"])
-async def test_a_stream_whose_close_fails_never_replaces_the_cancellation(where: str) -> None:
+async def test_a_stream_whose_close_fails_never_replaces_the_cancellation(autojump_clock: trio.testing.MockClock, where: str) -> None:
     from harness.agent import Agent
     from harness.providers import ModelRequest, TextDelta
 

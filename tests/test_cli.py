@@ -96,7 +96,7 @@ def test_version_help_completion_and_per_command_usage(tmp_path: Path) -> None:
     assert done.returncode == 0 and str(env_root) in done.stdout.decode()  # the store root in force
     # bench --help lists the workloads.
     text = run("bench", "--help").stdout.decode()
-    for workload in ("W1", "W8", "W12", "M1"):
+    for workload in ("W1", "W8", "W12", "W17", "W18", "M1"):
         assert f"\n    {workload} " in text, (workload, text)
     # A bad flag prints that command's usage, not the top level's (exit 2).
     for argv, usage in ((["bench", "--bogus"], "Usage: harness bench"), (["chaos", "--bogus"], "usage: harness chaos"),

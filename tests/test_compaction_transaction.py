@@ -228,7 +228,7 @@ async def test_summary_failures_are_raw_when_automatic_and_classified_when_manua
         assert s.surface()[:4] == tuple(seqs[:4])
 
 
-async def test_a_cancelled_caller_gets_cancelled_after_the_bracket_closed() -> None:
+async def test_a_cancelled_caller_gets_cancelled_after_the_bracket_closed(autojump_clock: trio.testing.MockClock) -> None:
     async with open_store() as store:
         s = await store.create("s")
         seqs = await conversation(s, 2, open_turn=True)

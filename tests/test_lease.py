@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import socket
 import sqlite3
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -193,13 +194,33 @@ def test_every_write_renews_the_lease(tmp_path: Path, lease_clock: LeaseClock) -
     other.acquire_writer(H).release()  # expired at last
 
 
-async def test_a_live_writer_keeps_its_lease_while_idle(tmp_path: Path) -> None:
+async def test_a_live_writer_keeps_its_lease_while_idle(tmp_path: Path, lease_clock: LeaseClock) -> None:
     path = tmp_path / "s.db"
-    async with open_store() as store, open_persistence(store, SqliteBackend(path, lease_ttl=0.6)):
+    backend = SqliteBackend(path, lease_ttl=60)  # no timed keeper round during the test
+    renewed, renew = threading.Semaphore(0), backend._renew
+
+    def counted(lease: Any) -> None:
+        renew(lease)
+        renewed.release()
+
+    backend._renew = counted  # type: ignore[method-assign]
+
+    def keeper_round() -> bool:
+        # Wake the keeper until it has renewed once (a wake before it waits is lost).
+        for _ in range(2400):  # bounds a broken run only
+            with backend._keeper_wake:
+                backend._keeper_wake.notify_all()
+            if renewed.acquire(timeout=0.05):
+                return True
+        return False
+
+    async with open_store() as store, open_persistence(store, backend):
         s = await store.create("s", cwd="/w")
         await s.append("feedback/record", 0)
         await s.flush()
-        await trio.sleep(1.5)  # idle for longer than the TTL: the backend renews
+        lease_clock.advance(50)  # idle, most of its TTL gone
+        assert await trio.to_thread.run_sync(keeper_round)  # the backend renews
+        lease_clock.advance(50)  # past the first TTL: only the renewal keeps it
         with pytest.raises(SessionLockedError):
             await trio.to_thread.run_sync(SqliteBackend(path).acquire_writer, H)
         await s.append("feedback/record", 1)
@@ -268,18 +289,30 @@ def test_a_v1_database_is_refused_unchanged_and_can_be_copied(tmp_path: Path) ->
 
 
 def test_close_stops_the_lease_keeper_before_closing(tmp_path: Path) -> None:
-    import time
+    # Hand-offs by events, not sleeps: the keeper's renewal is held open while close()
+    # runs, and the verdict is read only once that renewal has ended.
+    entered, proceed, done = threading.Event(), threading.Event(), threading.Event()
 
     class Slow(SqliteBackend):
         def _renew(self, lease: Any) -> None:
-            time.sleep(0.2)  # a renewal under way while close() runs
-            super()._renew(lease)
+            entered.set()
+            try:
+                assert proceed.wait(60)  # a renewal under way while close() runs
+                super()._renew(lease)
+            finally:
+                done.set()
 
     backend = Slow(tmp_path / "s.db", lease_ttl=0.3)  # the keeper renews every 0.1 s
     backend.acquire_writer({"type": "session", "version": 0, "id": "s", "createdAt": 1})
-    time.sleep(0.15)  # the keeper is inside _renew
-    backend.close()
-    time.sleep(0.4)
+    assert entered.wait(60)  # the keeper is inside _renew (bounds a broken run only)
+    closer = threading.Thread(target=backend.close)
+    closer.start()
+    with backend._keeper_wake:  # close() has begun: it forgot the held leases
+        assert backend._keeper_wake.wait_for(lambda: not backend._held, timeout=60)
+    proceed.set()
+    closer.join(60)
+    assert not closer.is_alive()
+    assert done.wait(60)  # the renewal has ended, whether close() waited for it or not
     assert backend._db is None  # nothing reopened the connection after close
     assert backend._keeper is None or not backend._keeper.is_alive()
 

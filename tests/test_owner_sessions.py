@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 import trio
+import trio.testing
 
 import harness
 from actors import LifetimeClosedError, Owner
@@ -87,7 +88,7 @@ async def test_a_cleanup_closing_its_own_owner_does_not_deadlock() -> None:
     assert owner.reason == "owner exited"
 
 
-async def test_an_enclosing_cancellation_still_runs_the_cleanups() -> None:
+async def test_an_enclosing_cancellation_still_runs_the_cleanups(autojump_clock: trio.testing.MockClock) -> None:
     done: list[str] = []
 
     async def cleanup() -> None:

@@ -303,18 +303,28 @@ async def test_sqlite_disk_full_is_typed_and_never_crashes_the_runtime(
         fail_next("INSERT INTO events")
         with caplog.at_level(logging.WARNING, "harness.persistence"):
             await s.append("feedback/record", {"i": 3})
-            for _ in range(500):  # the background window hits the full disk
-                if faults.injected[1:]:
+            # The background window hits the full disk and logs it: waited for by what it
+            # leaves (the log record), not by how long that takes.
+            for _ in range(6000):  # bounds a broken run only (60 s)
+                if faults.injected[1:] and any("background write" in r.getMessage() for r in caplog.records):
                     break
                 await trio.sleep(0.01)
-            await trio.sleep(0.05)
         assert any("background write" in r.getMessage() for r in caplog.records)
         await s.append("feedback/record", {"i": 4})  # the runtime is alive and well
         await s.flush()
     assert [r["data"]["i"] for r in SqliteBackend(tmp_path / "s.db").load("s").records] == [0, 1, 2, 3, 4]
 
 
-async def test_unencodable_record_is_a_flush_error_not_a_crash(tmp_path: Path) -> None:
+async def background_failure_logged(caplog: pytest.LogCaptureFixture) -> None:
+    """Return once a background write failure was logged (the window fired and failed)."""
+    for _ in range(6000):  # bounds a broken run only (60 s)
+        if any("background write" in r.getMessage() for r in caplog.records):
+            return
+        await trio.sleep(0.01)
+    raise AssertionError("no background write failure was logged")
+
+
+async def test_unencodable_record_is_a_flush_error_not_a_crash(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     for backend in (JsonlBackend(tmp_path / "j"), SqliteBackend(tmp_path / "s.db")):
         backend.materialize(H, events(0, 1))
         with pytest.raises(RecordEncodingError, match='session "s": event seq 1'):
@@ -331,7 +341,8 @@ async def test_unencodable_record_is_a_flush_error_not_a_crash(tmp_path: Path) -
                 writer.pending.append(rec("feedback/record", 1, {"n": 2**70}))
                 writer.queued += 1
                 writer._arm()
-                await trio.sleep(0.1)  # the background window fails: logged, not raised
+                with caplog.at_level(logging.WARNING, "harness.persistence"):
+                    await background_failure_logged(caplog)  # the window fails: logged, not raised
                 with pytest.raises(FlushError) as info:
                     await s.flush()
                 assert isinstance(info.value.__cause__, RecordEncodingError)
@@ -345,15 +356,16 @@ class BuggyBackend(JsonlBackend):
         raise TypeError("Integer exceeds 64-bit range")
 
 
-async def test_an_untyped_backend_failure_never_crashes_the_runtime(tmp_path: Path) -> None:
+async def test_an_untyped_backend_failure_never_crashes_the_runtime(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     async with open_store() as store:
         with pytest.raises(PersistenceError, match="closing failed"):
             async with open_persistence(store, BuggyBackend(tmp_path), write_delay=0.01):
                 s = await store.create("s", cwd="/w")
                 await s.append("feedback/record", {"i": 0})
                 await s.flush()  # the first write materializes
-                await s.append("feedback/record", {"i": 1})
-                await trio.sleep(0.1)  # the background window fails: logged, not raised
+                with caplog.at_level(logging.WARNING, "harness.persistence"):
+                    await s.append("feedback/record", {"i": 1})
+                    await background_failure_logged(caplog)  # the window fails: logged, not raised
                 with pytest.raises(FlushError) as info:
                     await s.flush()
                 assert isinstance(info.value.__cause__, TypeError)
@@ -739,7 +751,7 @@ async def test_a_write_that_never_got_a_thread_leaves_no_lock(tmp_path: Path, mo
                     limiter.total_tokens = 1
                     async with trio.open_nursery() as n:
                         n.start_soon(partial(trio.to_thread.run_sync, gate.wait, 2.0))
-                        await trio.sleep(0.05)
+                        await trio.testing.wait_all_tasks_blocked()  # it holds the last token
                         await s.append("feedback/record", {"i": 1})
                         with pytest.raises(WriterWedgedError):
                             await s.flush()

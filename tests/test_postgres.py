@@ -12,7 +12,6 @@ pytest.importorskip("psycopg", reason="psycopg not installed: PostgreSQL tests s
 import os
 import socket
 import threading
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -30,6 +29,7 @@ from harness.persistence import PostgresBackend, PostgresSchemaError, open_persi
 from harness.persistence._postgres_schema import SCHEMA_VERSION
 from harness.runtime import open_store
 from tests.helpers import rec, user
+from tests.pg_cluster import pass_expiry
 
 H: dict[str, Any] = {"version": 0, "id": "s", "createdAt": 1, "cwd": "/w"}
 
@@ -200,6 +200,11 @@ def lease_row(url: str, schema: str) -> tuple[Any, ...]:
     return row
 
 
+def lease_remaining_ms(url: str, schema: str, sid: str = "s") -> int:
+    [(ms,)] = sql(url, f"SELECT (extract(epoch FROM expires - clock_timestamp()) * 1000)::bigint FROM {schema}.leases WHERE session_id = %s", (sid,))
+    return int(ms)
+
+
 def test_a_live_lease_is_respected_and_names_its_holder(make: Any) -> None:
     a, b = make(host="host-a"), make(host="host-b")
     lease = a.acquire_writer(H)
@@ -216,11 +221,11 @@ def test_a_live_lease_is_respected_and_names_its_holder(make: Any) -> None:
 
 
 def test_fencing_refuses_a_writer_whose_lease_was_taken_over(make: Any, pg_url: str, pg_schema: str) -> None:
-    first = make(host="host-a", lease_ttl=0.3)
+    first = make(host="host-a", lease_ttl=3600)
     old = first.acquire_writer(H)
     first.materialize(H, events(0, 2), lease=old)
     first._keeper.stop()  # a frozen process renews nothing
-    time.sleep(0.5)  # the lease expires; its holder is "alive" on another host
+    pass_expiry(pg_url, pg_schema, "s")  # the lease expires; its holder is "alive" on another host
     second = make(host="host-b")
     new = second.acquire_writer(H)
     assert lease_row(pg_url, pg_schema)[0] == 2  # the fence grew
@@ -241,9 +246,29 @@ def test_fencing_refuses_a_writer_whose_lease_was_taken_over(make: Any, pg_url: 
 
 
 def test_the_keeper_renews_an_idle_lease_and_a_dead_holder_is_taken_over(make: Any) -> None:
-    a = make(host="host-a", lease_ttl=0.6)
+    a = make(host="host-a", lease_ttl=60)  # no real expiry or timed round during the test
+    keeper = a._leases.keeper
+    # The keeper's rounds pass through a gate: the test, not a timer, decides when the
+    # server's clock passes the TTL (before the round renews) and waits for the round.
+    gate, rounds = threading.Event(), threading.Semaphore(0)
+    renew_all = keeper._renew_all
+
+    def gated(leases: list[Any]) -> set[str]:
+        gate.wait()
+        try:
+            return renew_all(leases)
+        finally:
+            rounds.release()
+
+    keeper._renew_all = gated
     lease = a.acquire_writer(H)
-    time.sleep(1.2)  # twice the TTL, idle: the keeper renewed it
+    pass_expiry(a.url, a.schema, "s")  # idle past its TTL: only the keeper's renewal keeps it
+    assert lease_remaining_ms(a.url, a.schema) <= 0
+    gate.set()
+    with keeper._wake:
+        keeper._wake.notify_all()  # the round now (missed if the thread is not waiting yet: then at 20 s)
+    assert rounds.acquire(timeout=120)  # a bound on a broken run, not the verdict
+    assert lease_remaining_ms(a.url, a.schema) > 0
     with pytest.raises(SessionLockedError):
         make(host="host-b").acquire_writer(H)
     lease.release()

@@ -20,6 +20,7 @@ from typing import IO, Any
 
 from harness.errors import SessionLockedError
 from harness.persistence import PostgresBackend
+from tests.pg_cluster import pass_expiry
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.slow
@@ -41,6 +42,15 @@ def read_line(stream: IO[str] | None) -> str:
     line = stream.readline()
     assert line, "worker exited early"
     return line.strip()
+
+
+def stopped(pid: int) -> None:
+    """Return once ``pid`` is in the stopped state (SIGSTOP is delivered asynchronously)."""
+    stat = Path(f"/proc/{pid}/stat")
+    deadline = time.monotonic() + 60  # bounds a broken run only
+    while stat.read_text().rpartition(")")[2].split()[0] not in ("T", "t"):
+        assert time.monotonic() < deadline, f"process {pid} did not stop"
+        time.sleep(0.001)
 
 
 def check_logs(backend: PostgresBackend, acks: list[tuple[str, ...]]) -> dict[str, list[dict[str, Any]]]:
@@ -98,21 +108,25 @@ def test_competing_holders_and_a_sigkilled_one_lose_nothing_acknowledged(pg_url:
 
 
 def test_a_sigstopped_holder_is_fenced_off_when_it_wakes(pg_url: str, pg_schema: str) -> None:
-    ttl = 0.5
+    ttl = 60.0  # nothing expires by itself: the test passes the server's clock over it
     frozen = spawn(pg_url, pg_schema, "host-frozen", ttl, "step", "s")
     try:
         assert read_line(frozen.stdout).startswith("ACK s 0 2 1 ")
         os.kill(frozen.pid, signal.SIGSTOP)
         backend = PostgresBackend(pg_url, schema=pg_schema, host="host-new")
         try:
-            deadline = time.monotonic() + 30
-            while True:  # its keeper is stopped with it: the lease expires
+            stopped(frozen.pid)
+            # Its keeper is stopped with it: the lease expires (the server's clock moves past
+            # it). A renewal sent just before the stop may still land: then pass it again.
+            for _ in range(3):
+                pass_expiry(pg_url, pg_schema, "s")
                 try:
                     lease = backend.acquire_writer({"id": "s"})
                     break
                 except SessionLockedError:
-                    assert time.monotonic() < deadline
-                    time.sleep(ttl / 5)
+                    continue
+            else:
+                raise AssertionError("the stopped holder's lease was renewed after it stopped")
             backend.append("s", [{"type": "test/mark", "seq": 3, "time": 3, "data": {"w": "host-new", "f": 2, "b": 0}}], lease=lease)
             os.kill(frozen.pid, signal.SIGCONT)
             assert frozen.stdin is not None
@@ -137,7 +151,7 @@ def test_a_holder_stopped_inside_its_transaction_is_cut_off_and_fenced(pg_url: s
     """SIGSTOP between a batch's rows and its COMMIT: the server ends the idle
     transaction (the worker's ``idle_timeout`` is 1 s), the lease expires and is taken
     over; when the worker wakes its COMMIT fails (typed), and its next batch is fenced."""
-    ttl = 0.5
+    ttl = 60.0  # nothing expires by itself: the test passes the server's clock over it
     frozen = spawn(pg_url, pg_schema, "host-frozen", ttl, "stall", "s")
 
     def tell(line: str) -> None:
@@ -152,14 +166,12 @@ def test_a_holder_stopped_inside_its_transaction_is_cut_off_and_fenced(pg_url: s
         os.kill(frozen.pid, signal.SIGSTOP)
         backend = PostgresBackend(pg_url, schema=pg_schema, host="host-new")
         try:
-            deadline = time.monotonic() + 60
-            while True:  # waits on the row lock until the server ends the stopped transaction
-                try:
-                    lease = backend.acquire_writer({"id": "s"})
-                    break
-                except SessionLockedError:
-                    assert time.monotonic() < deadline
-                    time.sleep(ttl / 5)
+            stopped(frozen.pid)
+            # Waits on the row lock until the server ends the stopped transaction (its
+            # idle_in_transaction_session_timeout, the behaviour under test), then the
+            # lease's expiry passes: the takeover needs both.
+            pass_expiry(pg_url, pg_schema, "s")
+            lease = backend.acquire_writer({"id": "s"})
             mark = {"type": "test/mark", "seq": 3, "time": 3, "data": {"w": "host-new", "f": 2, "b": 0}}
             backend.append("s", [mark], lease=lease)
             os.kill(frozen.pid, signal.SIGCONT)

@@ -194,11 +194,21 @@ async def test_preparation_that_finishes_late_is_disposed_at_shutdown(tmp_path: 
     gate = threading.Event()
     backend = BlockingBackend(tmp_path, gate)
     async with stack(tmp_path, backend=backend) as (store, p, loop), Owner("app") as owner:
-        with trio.move_on_after(0.05) as scope:
-            await loop.resume("s1", owner=owner)
+        scope = trio.CancelScope()
+
+        async def give_up_once_blocked() -> None:
+            assert await trio.to_thread.run_sync(backend.entered.wait, 60)  # the read blocks in its thread
+            scope.cancel()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(give_up_once_blocked)
+            with scope:
+                await loop.resume("s1", owner=owner)
         assert scope.cancelled_caught  # the caller gave up; the thread is still blocked
         assert loop.stats == {"prepared": 0, "published": 0, "disposed": 0}
-        threading.Timer(0.1, gate.set).start()  # the backend returns only later
+        # The backend returns only later, most likely while the shutdown waits for it;
+        # either order leaves the same record (the late result is disposed in prepare).
+        threading.Timer(0.1, gate.set).start()
     # The abandoned preparation was cancelled; its blocking read could not be, so
     # the loop's shutdown waited for it and the late result was disposed (inside
     # prepare: it never reached the loop, so the loop counts nothing).

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 import trio
+import trio.testing
 
 from harness.errors import EventError, PersistedSessionNotFoundError, SessionLogExistsError
 from harness.faults import Probe, explore
@@ -85,7 +86,9 @@ async def test_a_load_racing_a_retirement_waits_for_its_last_batch(tmp_path: Pat
                     await trio.lowlevel.checkpoint()
                 nursery.start_soon(load)  # waited for no retirement: none was registered yet
                 await trio.to_thread.run_sync(held.wait, 10)
-                await trio.sleep(0.2)
+                # The second operation has reached its wait (every task blocked), not a
+                # guess at how long it takes to get there.
+                await trio.testing.wait_all_tasks_blocked()
                 release.set()
             backend.append = append  # type: ignore[method-assign]
             # The load saw the retired log, final batch included, and holds its end.
@@ -134,7 +137,9 @@ async def test_a_prepare_racing_a_load_or_a_prepare_never_meets_our_own_lock(
                 nursery.start_soon(first)
                 await trio.to_thread.run_sync(held.wait, 10)
                 nursery.start_soon(second)
-                await trio.sleep(0.2)
+                # The second operation has reached its wait (every task blocked), not a
+                # guess at how long it takes to get there.
+                await trio.testing.wait_all_tasks_blocked()
                 release.set()
             assert len(done) == 2 and sum("repaired=3" in d for d in done) <= 1
         assert types(stored(tmp_path, kind)[0]) == types(old) + CLOSERS  # repaired once
@@ -169,7 +174,9 @@ async def test_a_delete_racing_a_load_leaves_no_ownerless_state(tmp_path: Path, 
                 nursery.start_soon(p.load, SID)
                 await trio.to_thread.run_sync(held.wait, 10)
                 nursery.start_soon(p.delete, SID)
-                await trio.sleep(0.2)
+                # The second operation has reached its wait (every task blocked), not a
+                # guess at how long it takes to get there.
+                await trio.testing.wait_all_tasks_blocked()
                 release.set()
             assert backend.revision(SID) is None and SID not in p._states
             fresh = await store.create(SID, cwd="/w")  # the id is free again
@@ -274,7 +281,9 @@ async def test_create_waits_for_a_retiring_incarnation(tmp_path: Path, kind: str
 
 
             async def release_later() -> None:
-                await trio.sleep(0.2)
+                # The second operation has reached its wait (every task blocked), not a
+                # guess at how long it takes to get there.
+                await trio.testing.wait_all_tasks_blocked()
                 release.set()
 
             async with trio.open_nursery() as nursery:

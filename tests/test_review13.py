@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 import trio
 import trio.lowlevel
+import trio.testing
 
 import harness
 from actors import Owner
@@ -392,7 +393,7 @@ async def test_an_agent_hook_remover_called_twice_removes_only_its_own_registrat
 # -- an Owner block does not wrap its body's exception in a group ----------------------------
 
 
-async def test_an_owner_block_lets_its_body_error_out_unwrapped() -> None:
+async def test_an_owner_block_lets_its_body_error_out_unwrapped(autojump_clock: trio.testing.MockClock) -> None:
     with pytest.raises(KeyError, match="body"):
         async with Owner("o"):
             raise KeyError("body")

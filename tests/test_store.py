@@ -190,7 +190,7 @@ async def test_pre_commit_hook_vetoes_whole_batch() -> None:
         assert s.alive and (await s.append("ok", 2)).seq == 1  # a veto is not a crash
 
 
-async def test_flush_runs_listeners_and_reports_first_failure() -> None:
+async def test_flush_runs_listeners_and_reports_first_failure(autojump_clock: trio.testing.MockClock) -> None:
     async with open_store() as store:
         s = await store.create()
         assert await store.flush(s) is False

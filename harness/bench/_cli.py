@@ -12,10 +12,12 @@ from harness.bench import (
     _actors,
     _backends,
     _compaction,
+    _concurrency,
     _core,
     _disk,
     _durable,
     _faults,
+    _procs,
     _scoped,
     _streaming,
 )
@@ -39,6 +41,8 @@ WORKLOADS: dict[str, Workload] = {
     "W13": _faults.w13,
     "W15": _streaming.w15,
     "W16": _scoped.w16,
+    "W17": _concurrency.w17,
+    "W18": _procs.w18,
     "M1": _durable.m1,
 }
 """Workload ids; each may produce several variants (e.g. W2 -> W2, W2b)."""
@@ -59,6 +63,9 @@ DESCRIPTIONS: dict[str, str] = {
     "W13": "the fault explorer's own cost per attempt on a 10-task scenario",
     "W15": "streamed tool-call arguments of 1, 3 and 10 MB (agent turn, provider parse, SSE line)",
     "W16": "appends with one owner-scoped listener per agent, 1 to 10,000 agents",
+    "W17": "1, 8, 64, 512 sessions in one process appending durably at once (issue 26's W12)",
+    "W18": "8 processes x 50 sessions, bursts of appends on one SQLite file / PostgreSQL database; "
+    "0 errors, 0 lost, 0 reordered (issue 26's W13)",
     "M1": "memory retained by a restored session",
 }
 """One line per workload, for ``harness bench --help`` (docs/architecture.md, Performance)."""
@@ -66,6 +73,8 @@ DESCRIPTIONS: dict[str, str] = {
 _VARIANT_OF = {"W2b": "W2", "W4-snapshot": "W4", "W1-actor": "W1", "W1-actor-batch": "W1", "W5-write": "W5", "W5-load": "W5", "W4-disk": "W5", "W9-sqlite": "W9", "W10-sqlite": "W10"}
 _VARIANT_OF.update({f"W15{kind}-{mb}MB": "W15" for kind in ("", "-provider", "-sse") for mb in _streaming.SIZES_MB})
 _VARIANT_OF.update({f"W16-{count}": "W16" for count in _scoped.AGENTS})
+_VARIANT_OF.update({f"W17-{kind}-{k}": "W17" for kind in _concurrency.BACKENDS for k in _concurrency.LEVELS})
+_VARIANT_OF.update({f"W18-{kind}": "W18" for kind in _procs.BACKENDS})
 
 
 BACKEND_CHOICES = ("all", *_durable.BACKENDS)
@@ -84,6 +93,9 @@ def run_bench(selection: Sequence[str], *, n: int, runs: int, as_json: bool, bac
         **WORKLOADS,
         "W9": partial(_durable.w9, backends=backends),
         "W10": partial(_durable.w10, backends=backends),
+        # W17/W18: --backend postgres adds PostgreSQL beside the others.
+        "W17": partial(_concurrency.w17, backends=(*_durable.BACKENDS, "postgres") if on_postgres else backends),
+        "W18": partial(_procs.w18, backends=_procs.BACKENDS if on_postgres else _procs.backends_of(backend)),
     }
     if on_postgres:
         kinds = ("sqlite", "postgres")

@@ -14,7 +14,9 @@ import json
 import os
 import secrets
 import socket
+import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Final, Literal, TypeVar
@@ -64,6 +66,42 @@ Compression = Literal["none", "zstd"]
 LOCKFILE: Final = "writer.lock"
 ROOT_LOCKFILE: Final = ".root.lock"  # not a directory: listing and lookup skip it
 ROOT_LOCK_TIMEOUT: Final = 10.0
+"""Seconds a first write waits for the root lock while no other creation takes it."""
+_MARK_BYTES: Final = 8
+
+
+class _RootMutex:
+    """The threads of this process that want one root's lock queue here, blocked, so
+    at most one of them polls the ``flock`` (hundreds of sessions created at once
+    would otherwise each poll it, and starve the holder of the CPU and the GIL).
+    ``taken`` counts acquisitions: a waiter times out only while it does not move."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.taken = 0
+
+
+# Weak: an entry lives while some thread is inside the root lock (or waits for it).
+_ROOT_MUTEXES: weakref.WeakValueDictionary[str, _RootMutex] = weakref.WeakValueDictionary()
+_ROOT_MUTEXES_GUARD = threading.Lock()
+
+
+def _root_mutex(root: Path) -> _RootMutex:
+    with _ROOT_MUTEXES_GUARD:
+        mutex = _ROOT_MUTEXES.get(str(root))
+        if mutex is None:
+            mutex = _ROOT_MUTEXES[str(root)] = _RootMutex()
+        return mutex
+
+
+def _lock_mark(fd: int) -> bytes:
+    """The root lock file's progress mark (see ``JsonlBackend._root_lock``)."""
+    try:
+        return os.pread(fd, _MARK_BYTES, 0)
+    except OSError:
+        return b""
+
+
 _SAFE: Final = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-")
 
 
@@ -760,23 +798,52 @@ class JsonlBackend:
     def _root_lock(self, session_id: str) -> Iterator[None]:
         """Hold ``<root>/.root.lock`` (``flock``) for a check-then-create across the root.
 
-        Waits (on this worker thread) up to :data:`ROOT_LOCK_TIMEOUT` seconds: the
-        critical sections are one scan plus one small first write."""
+        Waits (on this worker thread) while the lock makes progress, and gives up after
+        :data:`ROOT_LOCK_TIMEOUT` seconds without any: each holder writes a fresh mark
+        into the lock file when it takes the lock, so a waiter tells a lock that passes
+        from creation to creation (a burst of first writes from many processes, each
+        critical section one scan plus one small first write) from one that is stuck.
+        The mark is a hint for waiters only (not fsynced, not part of any log). Within
+        this process the waiters queue on a :class:`_RootMutex` first."""
+        mutex = _root_mutex(self.root)
+        taken = mutex.taken
+        while not mutex.lock.acquire(timeout=ROOT_LOCK_TIMEOUT):
+            if mutex.taken == taken:
+                raise self._root_lock_stuck(session_id)
+            taken = mutex.taken
+        try:
+            mutex.taken += 1
+            with self._root_flock(session_id):
+                yield
+        finally:
+            mutex.lock.release()
+
+    def _root_lock_stuck(self, session_id: str) -> StorageIOError:
+        return StorageIOError(
+            f'creating session "{session_id}": the store root lock "{self.root / ROOT_LOCKFILE}" '
+            f"made no progress for {ROOT_LOCK_TIMEOUT} s",
+            session_id=session_id,
+        )
+
+    @contextlib.contextmanager
+    def _root_flock(self, session_id: str) -> Iterator[None]:
         fd = self.files.open(str(self.root / ROOT_LOCKFILE), os.O_RDWR | os.O_CREAT, 0o600)
         try:
             deadline = time.monotonic() + ROOT_LOCK_TIMEOUT
+            seen = _lock_mark(fd)
             while True:
                 try:
                     self.files.lock(fd)
                     break
                 except BlockingIOError:
-                    if time.monotonic() > deadline:
-                        raise StorageIOError(
-                            f'creating session "{session_id}": the store root lock "{self.root / ROOT_LOCKFILE}" '
-                            f"stayed busy for {ROOT_LOCK_TIMEOUT} s",
-                            session_id=session_id,
-                        ) from None
+                    mark = _lock_mark(fd)
+                    if mark != seen:  # another creation took the lock meanwhile: progress
+                        seen, deadline = mark, time.monotonic() + ROOT_LOCK_TIMEOUT
+                    elif time.monotonic() > deadline:
+                        raise self._root_lock_stuck(session_id) from None
                     time.sleep(0.002)
+            with contextlib.suppress(OSError):
+                os.pwrite(fd, secrets.token_bytes(_MARK_BYTES), 0)
             yield
         finally:
             with contextlib.suppress(OSError):
