@@ -72,9 +72,16 @@ from harness.errors import (
     SqliteSchemaError,
     StorageIOError,
 )
-from harness.persistence._backend import StoredLog, WriterLease, check_header_record, format_error
+from harness.persistence._backend import (
+    GroupWrite,
+    StoredLog,
+    WriterLease,
+    check_header_record,
+    format_error,
+)
 from harness.persistence._files import OsFiles, SimulatedCrash
 from harness.persistence._liveness import holder_dead, identity, process_start_time
+from harness.persistence._sql_group import copy_error
 from harness.persistence._sqlite_rows import (
     COLUMNS,
     INSERT,
@@ -140,6 +147,7 @@ _SESSION_COLUMNS = (
     "incarnation, revision"
 )
 _CHUNK_TAGS_SQL = "('text-chunks', 'reasoning-chunks', 'tool-call-chunks')"
+_GROUP_SAVEPOINT: Final = "harness_group_batch"
 
 
 class StatementFaults(Protocol):
@@ -536,21 +544,33 @@ class SqliteBackend:
     def materialize(
         self, header: dict[str, Any], records: list[dict[str, Any]], *, lease: WriterLease | None = None
     ) -> None:
-        sid = header["id"]
-        params = _session_params(sid, header)
+        params = _session_params(header["id"], header)
         with self._txn() as db:
-            self._check_lease(db, sid, lease, len(records))
-            if self._exec(db, "SELECT 1 FROM sessions WHERE id = ?", (sid,)).fetchone():
-                raise SessionLogExistsError(
-                    f'refusing to materialize "{sid}": a log already exists on disk (load/resume it instead)',
-                    session_id=sid,
-                )
-            self._exec(
-                db,
-                f"INSERT INTO sessions ({_SESSION_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 0)",
-                params,
+            self._materialize_in(db, header, records, lease, params)
+
+    def _materialize_in(
+        self,
+        db: sqlite3.Connection,
+        header: dict[str, Any],
+        records: list[dict[str, Any]],
+        lease: WriterLease | None,
+        params: tuple[Any, ...],
+    ) -> None:
+        """Inside a write transaction: a first write (lease check, refusal of an
+        existing session, the session row, the rows)."""
+        sid = header["id"]
+        self._check_lease(db, sid, lease, len(records))
+        if self._exec(db, "SELECT 1 FROM sessions WHERE id = ?", (sid,)).fetchone():
+            raise SessionLogExistsError(
+                f'refusing to materialize "{sid}": a log already exists on disk (load/resume it instead)',
+                session_id=sid,
             )
-            self._insert(db, sid, records, 0)
+        self._exec(
+            db,
+            f"INSERT INTO sessions ({_SESSION_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 0)",
+            params,
+        )
+        self._insert(db, sid, records, 0)
 
     def _insert(self, db: sqlite3.Connection, sid: str, records: list[dict[str, Any]], next_seq: int) -> None:
         """Insert a batch's rows (chunk runs packed), which must start at ``next_seq``,
@@ -595,8 +615,91 @@ class SqliteBackend:
         if not records:
             return
         with self._txn() as db:
-            self._check_lease(db, session_id, lease, len(records))
-            self._insert(db, session_id, records, self._next_seq(db, session_id))
+            self._append_in(db, session_id, records, lease)
+
+    def _append_in(
+        self, db: sqlite3.Connection, sid: str, records: list[dict[str, Any]], lease: WriterLease | None
+    ) -> None:
+        """Inside a write transaction: an append (lease check, continuity, the rows)."""
+        self._check_lease(db, sid, lease, len(records))
+        self._insert(db, sid, records, self._next_seq(db, sid))
+
+    def write_group(self, writes: Sequence[GroupWrite]) -> list[BaseException | None]:
+        """Several sessions' batches in ONE ``BEGIN IMMEDIATE`` transaction: one commit
+        (one journal sync) for all of them (group commit, issue 26; the contract is
+        :func:`~harness.persistence._backend.write_each`'s).
+
+        Each batch runs inside its own ``SAVEPOINT``: a batch refused by its own checks
+        (a lost lease, an existing session for a first write, a seq that does not
+        continue the stored log, a record the schema cannot hold, a statement of its
+        own failing) is rolled back alone and reported with the exception ``append``
+        or ``materialize`` would raise for it alone; the others go on. A failure of a
+        shared step (connecting, ``BEGIN``, the ownership check, ``COMMIT``, or a
+        batch's failure that took the whole transaction down, as SQLite does on some
+        I/O errors) fails every batch not already failed by its own checks. A single
+        batch needs no savepoint (its failure is the transaction's). Batches of one
+        session land in the order given (each is checked against the stored log as
+        left by the ones before it in the same transaction). A simulated crash
+        propagates (the connection is dropped, nothing of the group lands)."""
+        results: list[BaseException | None] = [None] * len(writes)
+        todo = [(i, w) for i, w in enumerate(writes) if w.records or not w.materialized]
+        params: dict[int, tuple[Any, ...]] = {}
+        for i, w in todo:
+            if not w.materialized:
+                try:
+                    params[i] = _session_params(w.session_id, w.header)
+                except RecordEncodingError as exc:
+                    results[i] = exc
+        todo = [(i, w) for i, w in todo if results[i] is None]
+        if not todo:
+            return results
+        saved = len(todo) > 1
+        try:
+            with self._txn() as db:
+                for i, w in todo:
+                    results[i] = self._group_batch(db, w, params.get(i), saved)
+        except Exception as exc:
+            # Alone: the batch's own exception. In a group: the shared step failed
+            # (BEGIN, the ownership check, COMMIT, or a batch's statement took the
+            # whole transaction down), so nothing of it landed: every batch not
+            # already refused on its own gets a copy of the exception.
+            for i, w in todo:
+                if results[i] is None:
+                    results[i] = copy_error(exc, w.session_id) if saved else exc
+        return results
+
+    def _group_batch(
+        self, db: sqlite3.Connection, w: GroupWrite, params: tuple[Any, ...] | None, saved: bool
+    ) -> BaseException | None:
+        """One batch of a group inside the open transaction (in a savepoint if
+        ``saved``); its own failure is returned (its savepoint rolled back), a
+        failure that leaves the transaction unusable is raised."""
+        if not saved:
+            self._group_write(db, w, params)
+            return None
+        self._exec(db, f"SAVEPOINT {_GROUP_SAVEPOINT}")
+        try:
+            self._group_write(db, w, params)
+            self._exec(db, f"RELEASE {_GROUP_SAVEPOINT}")
+        except SimulatedCrash:
+            raise
+        except Exception as exc:
+            if not db.in_transaction:
+                raise  # SQLite rolled the whole transaction back (some I/O errors do)
+            # Not the transaction's failure: undo this batch alone. If that fails,
+            # the transaction's state is unknown and the whole group goes.
+            self._exec(db, f"ROLLBACK TO {_GROUP_SAVEPOINT}")
+            self._exec(db, f"RELEASE {_GROUP_SAVEPOINT}")
+            if isinstance(exc, sqlite3.Error):
+                return StorageIOError(f"session database {self.path}: {exc}", session_id=w.session_id)
+            return exc
+        return None
+
+    def _group_write(self, db: sqlite3.Connection, w: GroupWrite, params: tuple[Any, ...] | None) -> None:
+        if params is None:
+            self._append_in(db, w.session_id, w.records, w.lease)
+        else:
+            self._materialize_in(db, w.header, w.records, w.lease, params)
 
     def commit_repair(
         self,
