@@ -81,7 +81,7 @@ def make(kind: str, request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[
     instance, as another process would be)."""
     made: list[Any] = []
 
-    def build(hook: Hook | None = None) -> Backend:
+    def build(hook: Hook | None = None) -> Any:
         b: Any
         if kind == "jsonl":
             b = JsonlBackend(tmp_path / "root")
