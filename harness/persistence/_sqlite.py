@@ -148,6 +148,10 @@ _SESSION_COLUMNS = (
 )
 _CHUNK_TAGS_SQL = "('text-chunks', 'reasoning-chunks', 'tool-call-chunks')"
 _GROUP_SAVEPOINT: Final = "harness_group_batch"
+# The session row's incarnation and revision and its last row's seq (NULL: no rows).
+_SESSION_TAIL: Final = (
+    "SELECT incarnation, revision, (SELECT max(seq) FROM events WHERE session_id = ?1) FROM sessions WHERE id = ?1"
+)
 
 
 class StatementFaults(Protocol):
@@ -222,6 +226,11 @@ class SqliteBackend:
         self._keeper: threading.Thread | None = None
         self._keeper_wake = threading.Condition()
         self._quiet = threading.local()  # set on the keeper thread: bypass ``faults``
+        # sid -> (incarnation, revision, next seq) that this instance's last committed
+        # write left (``_next_seq``), and those of the open write transaction.
+        # (incarnation, revision, last row's seq, next seq).
+        self._tails: dict[str, tuple[str, int, int, int]] = {}
+        self._pending_tails: dict[str, tuple[str, int, int, int]] = {}
         self._check_path()
 
     # -- statements ------------------------------------------------------------------------
@@ -399,6 +408,7 @@ class SqliteBackend:
         if db is not None:
             with contextlib.suppress(sqlite3.Error):
                 db.close()
+        self._tails.clear()
         for token in self._tokens:
             _LIVE_TOKENS.discard(token)
         self._tokens.clear()
@@ -425,6 +435,7 @@ class SqliteBackend:
         (``owned``: not a lease-only one) first re-checks that the database is still
         ours (the reference re-validates schema ownership on every mutation)."""
         with self._lock:
+            self._pending_tails.clear()
             try:
                 db = self._conn()
                 self._exec(db, "BEGIN IMMEDIATE" if immediate else "BEGIN")
@@ -456,6 +467,11 @@ class SqliteBackend:
             except sqlite3.Error as exc:
                 self._rollback(db)
                 raise StorageIOError(f"session database {self.path}: commit failed: {exc}") from exc
+            finally:
+                pending = self._pending_tails
+                self._pending_tails = {}
+            if not db.in_transaction:  # committed: the tails it left are the stored ones
+                self._tails.update(pending)
 
     def close(self) -> None:
         """Close the connection and stop idle renewals (leases still out stay in the
@@ -570,14 +586,25 @@ class SqliteBackend:
             f"INSERT INTO sessions ({_SESSION_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 0)",
             params,
         )
-        self._insert(db, sid, records, 0)
+        self._insert(db, sid, records, 0, (params[9], 0))
 
-    def _insert(self, db: sqlite3.Connection, sid: str, records: list[dict[str, Any]], next_seq: int) -> None:
+    def _insert(
+        self,
+        db: sqlite3.Connection,
+        sid: str,
+        records: list[dict[str, Any]],
+        next_seq: int,
+        stored: tuple[str, int] | None = None,
+    ) -> None:
         """Insert a batch's rows (chunk runs packed), which must start at ``next_seq``,
         and bump the revision. The rows are bound while they are inserted, segment by
         segment (:func:`bind_segments`): a record the schema cannot hold raises
         :class:`RecordEncodingError` and the transaction rolls the batch back. The
-        fault layer sees the batch's insert as one statement (:data:`INSERT`)."""
+        fault layer sees the batch's insert as one statement (:data:`INSERT`).
+
+        ``stored``: the session row's (incarnation, revision) before this write, read
+        in this transaction: the tail this write leaves is remembered for the next
+        append (:meth:`_next_seq`) once the transaction commits."""
         segments = bind_segments(sid, records, pack=True)
         first = next(segments, None)
         if first is not None:
@@ -589,25 +616,44 @@ class SqliteBackend:
                 )
             self._hook(INSERT)
             db.executemany(*first)
+            last_row = first[1][-1][1]
             for sql, rows in segments:
                 db.executemany(sql, rows)
+                last_row = rows[-1][1]
         self._bump(db, sid)
+        if stored is not None and first is not None:
+            last = records[-1].get("seq")
+            if last == next_seq + len(records) - 1:  # contiguous, as the session core writes
+                self._pending_tails[sid] = (stored[0], stored[1] + 1, last_row, next_seq + len(records))
 
     def _bump(self, db: sqlite3.Connection, sid: str) -> None:
         if self._exec(db, "UPDATE sessions SET revision = revision + 1 WHERE id = ?", (sid,)).rowcount != 1:
             raise PersistedSessionNotFoundError(f"session {sid} metadata row is missing", session_id=sid)
 
-    def _next_seq(self, db: sqlite3.Connection, sid: str) -> int:
-        """The stored next seq, from the logical tail: the last two rows, from the packed
-        row before them if it overlaps them (the reference looks for such a row among
-        the 1023 rows before; in a valid log only the adjacent one can, and a full
-        load checks them all). A tail that does not decode refuses the append."""
-        if not self._exec(db, "SELECT 1 FROM sessions WHERE id = ?", (sid,)).fetchone():
+    def _next_seq(self, db: sqlite3.Connection, sid: str) -> tuple[int, tuple[str, int]]:
+        """The stored next seq, and the session row's (incarnation, revision).
+
+        If that row is still the one this instance's last committed write left (same
+        incarnation and revision: every write, by either implementation, bumps the
+        revision, and a re-created session has a new incarnation) and so is the last
+        row's seq (an index seek in the same statement: rows added or removed behind
+        the revision's back, by hand, are noticed too), the tail is the one that write
+        stored and its next seq is remembered: no tail rows read and decoded. Otherwise from
+        the logical tail: the last two rows, from the packed row before them if it
+        overlaps them (the reference looks for such a row among the 1023 rows before;
+        in a valid log only the adjacent one can, and a full load checks them all). A
+        tail that does not decode refuses the append."""
+        row = self._exec(db, _SESSION_TAIL, (sid,)).fetchone()
+        if row is None:
             raise PersistedSessionNotFoundError(f'session "{sid}" not found', session_id=sid)
+        stored = (row[0], row[1])
+        known = self._pending_tails.get(sid) or self._tails.get(sid)
+        if known is not None and known[:3] == (row[0], row[1], row[2]):
+            return known[3], stored
         tail = self._exec(
             db, f"SELECT {COLUMNS} FROM events WHERE session_id = ? ORDER BY seq DESC LIMIT 3", (sid,)
         ).fetchall()
-        return next_seq_of_tail(sid, tail)
+        return next_seq_of_tail(sid, tail), stored
 
     def append(self, session_id: str, records: list[dict[str, Any]], *, lease: WriterLease | None = None) -> None:
         """Append one batch in one transaction that also checks (and renews) the
@@ -622,7 +668,8 @@ class SqliteBackend:
     ) -> None:
         """Inside a write transaction: an append (lease check, continuity, the rows)."""
         self._check_lease(db, sid, lease, len(records))
-        self._insert(db, sid, records, self._next_seq(db, sid))
+        next_seq, stored = self._next_seq(db, sid)
+        self._insert(db, sid, records, next_seq, stored)
 
     def write_group(self, writes: Sequence[GroupWrite]) -> list[BaseException | None]:
         """Several sessions' batches in ONE ``BEGIN IMMEDIATE`` transaction: one commit
@@ -678,6 +725,7 @@ class SqliteBackend:
             self._group_write(db, w, params)
             return None
         self._exec(db, f"SAVEPOINT {_GROUP_SAVEPOINT}")
+        tail = self._pending_tails.get(w.session_id)
         try:
             self._group_write(db, w, params)
             self._exec(db, f"RELEASE {_GROUP_SAVEPOINT}")
@@ -690,6 +738,10 @@ class SqliteBackend:
             # the transaction's state is unknown and the whole group goes.
             self._exec(db, f"ROLLBACK TO {_GROUP_SAVEPOINT}")
             self._exec(db, f"RELEASE {_GROUP_SAVEPOINT}")
+            if tail is None:
+                self._pending_tails.pop(w.session_id, None)
+            else:
+                self._pending_tails[w.session_id] = tail
             if isinstance(exc, sqlite3.Error):
                 return StorageIOError(f"session database {self.path}: {exc}", session_id=w.session_id)
             return exc
@@ -748,6 +800,7 @@ class SqliteBackend:
 
     def delete(self, session_id: str) -> None:
         with self._txn() as db:
+            self._tails.pop(session_id, None)
             if not self._exec(db, "DELETE FROM sessions WHERE id = ?", (session_id,)).rowcount:
                 raise PersistedSessionNotFoundError(f'session "{session_id}" not found', session_id=session_id)
 
