@@ -331,6 +331,7 @@ class PostgresBackend:
         incarnation: str,
         records: list[dict[str, Any]],
         lease: WriterLease | None,
+        reach: int | None = None,
     ) -> str:
         """Inside a write transaction: the first write with the fresh ``incarnation``,
         or the completion of this backend's own in-doubt one; returns the incarnation
@@ -347,7 +348,7 @@ class PostgresBackend:
         if inserted:
             self._copy(conn, bind_records(sid, records, pack=True))
             return incarnation
-        stored = None if doubt is None else self._own_first_write(conn, sid, doubt, text, records)
+        stored = None if doubt is None else self._own_first_write(conn, sid, doubt, text, records, reach)
         if stored is None or doubt is None:
             raise SessionLogExistsError(
                 f'refusing to materialize "{sid}": a log already exists on disk (load/resume it instead)',
@@ -359,17 +360,29 @@ class PostgresBackend:
         return doubt[0]
 
     def _own_first_write(
-        self, conn: Connection[Any], sid: str, doubt: tuple[str, str], text: str, records: list[dict[str, Any]]
+        self,
+        conn: Connection[Any],
+        sid: str,
+        doubt: tuple[str, str],
+        text: str,
+        records: list[dict[str, Any]],
+        reach: int | None = None,
     ) -> int | None:
         """How many leading ``records`` the in-doubt first write ``doubt`` stored, if
-        the stored session is that write's (same incarnation and header, events exactly
-        the head of ``records``); ``None`` if it is not."""
+        the stored session is that write's (same incarnation and header, its events
+        starting with exactly the head of ``records``); ``None`` if it is not."""
         header_text, incarnation, _revision = self._session(conn, sid, lock=True)
         if str(incarnation) != doubt[0] or header_text != doubt[1] or text != doubt[1]:
             return None
         stored, torn = self._scan(conn, sid)
-        if torn is not None or len(stored) > len(records):
+        if torn is not None:
             return None
+        if len(stored) > len(records):
+            # Only a group's retry: its commit of unknown outcome stored this batch and
+            # the group's later batches of the session, exactly up to ``reach``.
+            if reach is None or len(stored) != reach:
+                return None
+            stored = stored[: len(records)]
         return len(stored) if _same(stored, records[: len(stored)]) else None
 
     def _copy(self, conn: Connection[Any], rows: list[tuple[Any, ...]]) -> None:
@@ -416,14 +429,17 @@ class PostgresBackend:
         records: list[dict[str, Any]],
         rows: list[tuple[Any, ...]],
         lease: WriterLease | None,
+        reach: int | None = None,
     ) -> None:
-        """Inside a write transaction: an append (``rows`` bound from ``records``)."""
+        """Inside a write transaction: an append (``rows`` bound from ``records``).
+        ``reach`` (a group's batch): the next seq after the group's last batch of the
+        session (see :meth:`_stored_prefix`)."""
         self._leases.check(conn, sid, lease, len(records))
         self._session(conn, sid, lock=True)
         next_seq = self._next_seq(conn, sid)
         first = records[0].get("seq") if type(records[0]) is dict else None
         if type(first) is int and first < next_seq:
-            stored = self._stored_prefix(conn, sid, records, first, next_seq)
+            stored = self._stored_prefix(conn, sid, records, first, next_seq, reach)
             if stored is None:
                 raise SessionCorruptionError(
                     f"session {sid} append starts at seq {first}, stored next seq is {next_seq}",
@@ -479,6 +495,12 @@ class PostgresBackend:
             except Exception as exc:
                 results[i] = exc
         todo = [i for i in todo if i in plans]
+        reach: dict[str, int | None] = {}
+        for i in todo:  # in session order: the last batch of each session wins
+            last = writes[i].records[-1].get("seq") if writes[i].records else None
+            reach[writes[i].session_id] = last + 1 if type(last) is int else None
+        for i in todo:
+            plans[i].reach = reach[writes[i].session_id]
         committing = False
         try:
             with self._db.txn(None, f"writing a group of {len(todo)} batches") as conn:
@@ -514,9 +536,11 @@ class PostgresBackend:
         self._db.exec(conn, f"SAVEPOINT {_GROUP_SAVEPOINT}")
         try:
             if w.materialized:
-                self._append_in(conn, w.session_id, w.records, plan.rows, w.lease)
+                self._append_in(conn, w.session_id, w.records, plan.rows, w.lease, plan.reach)
             else:
-                plan.stored = self._materialize_in(conn, w.header, plan.text, str(uuid.uuid4()), w.records, w.lease)
+                plan.stored = self._materialize_in(
+                    conn, w.header, plan.text, str(uuid.uuid4()), w.records, w.lease, plan.reach
+                )
             self._db.exec(conn, f"RELEASE SAVEPOINT {_GROUP_SAVEPOINT}")
         except Exception as exc:
             # Undo this batch alone; if even that fails, the whole group goes.
@@ -538,18 +562,29 @@ class PostgresBackend:
         return copy_error(exc, sid)
 
     def _stored_prefix(
-        self, conn: Connection[Any], sid: str, records: list[dict[str, Any]], first: int, next_seq: int
+        self,
+        conn: Connection[Any],
+        sid: str,
+        records: list[dict[str, Any]],
+        first: int,
+        next_seq: int,
+        reach: int | None = None,
     ) -> int | None:
-        """How many leading ``records`` are stored exactly as given (seqs ``first`` to
-        ``next_seq - 1``, the end of the log), or ``None`` if they are not."""
-        count = next_seq - first
-        if count > len(records):
+        """How many leading ``records`` are stored exactly as given (from seq ``first``
+        on), or ``None`` if they are not. The batch's head must be the end of the log
+        (seqs ``first`` to ``next_seq - 1``); or, for a group's batch, the whole batch
+        is stored and the log goes on exactly to ``reach``: the group's commit of unknown
+        outcome stored it and the group's later batches of the session, and the group's
+        retry sends them all again."""
+        if next_seq - first > len(records) and next_seq != reach:
             return None
+        count = min(next_seq - first, len(records))
         head = records[:count]
-        if [r.get("seq") for r in head] != list(range(first, next_seq)):
+        end = first + count
+        if [r.get("seq") for r in head] != list(range(first, end)):
             return None
         stored, torn = self._scan(conn, sid, self._row_holding(conn, sid, first))
-        stored = [e for e in stored if e["seq"] >= first]
+        stored = [e for e in stored if first <= e["seq"] < end]
         if torn is not None or len(stored) != count:
             return None
         return count if _same(stored, head) else None
@@ -610,6 +645,7 @@ class _Planned:
     rows: list[tuple[Any, ...]]
     text: str = ""
     stored: str | None = None
+    reach: int | None = None  # the next seq after the group's last batch of the session
 
 
 _GROUP_SAVEPOINT: Final = "harness_group_batch"
