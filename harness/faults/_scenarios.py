@@ -67,6 +67,7 @@ from harness.faults._backends import (
     track_session,
 )
 from harness.faults._explore import Probe, Scenario, Settings
+from harness.faults._group_scenario import group_write
 from harness.faults._invariants import (
     _canonical,
     check_log,
@@ -1212,6 +1213,15 @@ _DEFS: Final[list[tuple[str, Callable[[Probe, str], Awaitable[None]], str, tuple
         "appends with the write window running, flushes, clean close",
         ("caller", "teardown"),
         ("checkpoints", "io", "crash"),
+    ),
+    (
+        "group-write",
+        group_write,
+        "one blocking group commit of several sessions' batches (appends, first writes, a refused one, a lost lease)",
+        ("caller",),
+        # No checkpoints mode: one blocking call in a worker thread has no scheduler
+        # steps of its own to cancel at (the runtime's write paths explore those).
+        ("io", "crash"),
     ),
 ]
 

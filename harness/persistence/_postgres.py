@@ -41,19 +41,29 @@ import uuid
 from collections.abc import Sequence
 from typing import Any, Final
 
+import attrs
 import orjson
+import psycopg
 from psycopg import Connection
 
 from harness.errors import (
     PersistedSessionNotFoundError,
     SessionCorruptionError,
     SessionLogExistsError,
+    StorageIOError,
 )
-from harness.persistence._backend import StoredLog, WriterLease, check_header_record, header_record
+from harness.persistence._backend import (
+    GroupWrite,
+    StoredLog,
+    WriterLease,
+    check_header_record,
+    header_record,
+)
 from harness.persistence._postgres_conn import READ, PgConnections, StatementFaults
 from harness.persistence._postgres_lease import LeaseKeeper, identity
 from harness.persistence._postgres_lease_table import LeaseTable
 from harness.persistence._postgres_schema import DEFAULT_SCHEMA, check_name
+from harness.persistence._sql_group import copy_error
 from harness.persistence._sqlite_rows import (
     MAX_MEMBERS,
     PACKED,
@@ -299,32 +309,11 @@ class PostgresBackend:
         refused as before: a second materialize never overwrites."""
         sid = header["id"]
         text = orjson.dumps(header_record(header)).decode()
-        incarnation = str(uuid.uuid4())
-        doubt = self._in_doubt.get(sid)
-        mine = incarnation
+        mine = str(uuid.uuid4())
         committing = False
         try:
             with self._db.txn(sid, "creating the session") as conn:
-                self._leases.check(conn, sid, lease, len(records))
-                inserted = self._db.rows(
-                    conn,
-                    f"INSERT INTO {self.schema}.sessions (id, header, incarnation, revision) VALUES (%s, %s, %s, 1) "
-                    "ON CONFLICT (id) DO NOTHING RETURNING 1",
-                    (sid, text, incarnation),
-                )
-                if inserted:
-                    self._copy(conn, bind_records(sid, records, pack=True))
-                else:
-                    stored = None if doubt is None else self._own_first_write(conn, sid, doubt, text, records)
-                    if stored is None or doubt is None:
-                        raise SessionLogExistsError(
-                            f'refusing to materialize "{sid}": a log already exists on disk (load/resume it instead)',
-                            session_id=sid,
-                        )
-                    mine = doubt[0]  # our own first write did land: complete it
-                    if stored < len(records):
-                        self._copy(conn, bind_records(sid, records[stored:], pack=True))
-                        self._bump(conn, sid)
+                mine = self._materialize_in(conn, header, text, mine, records, lease)
                 committing = True
         except Exception as exc:
             if committing:  # the COMMIT failed: it may have landed
@@ -334,18 +323,66 @@ class PostgresBackend:
             raise
         self._in_doubt.pop(sid, None)
 
+    def _materialize_in(
+        self,
+        conn: Connection[Any],
+        header: dict[str, Any],
+        text: str,
+        incarnation: str,
+        records: list[dict[str, Any]],
+        lease: WriterLease | None,
+        reach: int | None = None,
+    ) -> str:
+        """Inside a write transaction: the first write with the fresh ``incarnation``,
+        or the completion of this backend's own in-doubt one; returns the incarnation
+        of the stored session (to remember should the commit's outcome be unknown)."""
+        sid = header["id"]
+        doubt = self._in_doubt.get(sid)
+        self._leases.check(conn, sid, lease, len(records))
+        inserted = self._db.rows(
+            conn,
+            f"INSERT INTO {self.schema}.sessions (id, header, incarnation, revision) VALUES (%s, %s, %s, 1) "
+            "ON CONFLICT (id) DO NOTHING RETURNING 1",
+            (sid, text, incarnation),
+        )
+        if inserted:
+            self._copy(conn, bind_records(sid, records, pack=True))
+            return incarnation
+        stored = None if doubt is None else self._own_first_write(conn, sid, doubt, text, records, reach)
+        if stored is None or doubt is None:
+            raise SessionLogExistsError(
+                f'refusing to materialize "{sid}": a log already exists on disk (load/resume it instead)',
+                session_id=sid,
+            )
+        if stored < len(records):  # our own first write did land: complete it
+            self._copy(conn, bind_records(sid, records[stored:], pack=True))
+            self._bump(conn, sid)
+        return doubt[0]
+
     def _own_first_write(
-        self, conn: Connection[Any], sid: str, doubt: tuple[str, str], text: str, records: list[dict[str, Any]]
+        self,
+        conn: Connection[Any],
+        sid: str,
+        doubt: tuple[str, str],
+        text: str,
+        records: list[dict[str, Any]],
+        reach: int | None = None,
     ) -> int | None:
         """How many leading ``records`` the in-doubt first write ``doubt`` stored, if
-        the stored session is that write's (same incarnation and header, events exactly
-        the head of ``records``); ``None`` if it is not."""
+        the stored session is that write's (same incarnation and header, its events
+        starting with exactly the head of ``records``); ``None`` if it is not."""
         header_text, incarnation, _revision = self._session(conn, sid, lock=True)
         if str(incarnation) != doubt[0] or header_text != doubt[1] or text != doubt[1]:
             return None
         stored, torn = self._scan(conn, sid)
-        if torn is not None or len(stored) > len(records):
+        if torn is not None:
             return None
+        if len(stored) > len(records):
+            # Only a group's retry: its commit of unknown outcome stored this batch and
+            # the group's later batches of the session, exactly up to ``reach``.
+            if reach is None or len(stored) != reach:
+                return None
+            stored = stored[: len(records)]
         return len(stored) if _same(stored, records[: len(stored)]) else None
 
     def _copy(self, conn: Connection[Any], rows: list[tuple[Any, ...]]) -> None:
@@ -381,44 +418,173 @@ class PostgresBackend:
         (a retry after a commit of unknown outcome) lands only its new part."""
         if not records:
             return
-        sid = session_id
-        rows = bind_records(sid, records, pack=True)
-        with self._db.txn(sid, f"appending {len(records)} event(s)") as conn:
-            self._leases.check(conn, sid, lease, len(records))
-            self._session(conn, sid, lock=True)
-            next_seq = self._next_seq(conn, sid)
-            first = records[0].get("seq") if type(records[0]) is dict else None
-            if type(first) is int and first < next_seq:
-                stored = self._stored_prefix(conn, sid, records, first, next_seq)
-                if stored is None:
-                    raise SessionCorruptionError(
-                        f"session {sid} append starts at seq {first}, stored next seq is {next_seq}",
-                        session_id=sid,
-                    )
-                if stored == len(records):
-                    return  # all of it landed already: nothing to do, no new revision
-                rows = bind_records(sid, records[stored:], pack=True)
-            elif rows[0][1] != next_seq:
+        rows = bind_records(session_id, records, pack=True)
+        with self._db.txn(session_id, f"appending {len(records)} event(s)") as conn:
+            self._append_in(conn, session_id, records, rows, lease)
+
+    def _append_in(
+        self,
+        conn: Connection[Any],
+        sid: str,
+        records: list[dict[str, Any]],
+        rows: list[tuple[Any, ...]],
+        lease: WriterLease | None,
+        reach: int | None = None,
+    ) -> None:
+        """Inside a write transaction: an append (``rows`` bound from ``records``).
+        ``reach`` (a group's batch): the next seq after the group's last batch of the
+        session (see :meth:`_stored_prefix`)."""
+        self._leases.check(conn, sid, lease, len(records))
+        self._session(conn, sid, lock=True)
+        next_seq = self._next_seq(conn, sid)
+        first = records[0].get("seq") if type(records[0]) is dict else None
+        if type(first) is int and first < next_seq:
+            stored = self._stored_prefix(conn, sid, records, first, next_seq, reach)
+            if stored is None:
                 raise SessionCorruptionError(
-                    f"session {sid} append starts at seq {rows[0][1]}, stored next seq is {next_seq}",
+                    f"session {sid} append starts at seq {first}, stored next seq is {next_seq}",
                     session_id=sid,
                 )
-            self._copy(conn, rows)
-            self._bump(conn, sid)
+            if stored == len(records):
+                return  # all of it landed already: nothing to do, no new revision
+            rows = bind_records(sid, records[stored:], pack=True)
+        elif rows[0][1] != next_seq:
+            raise SessionCorruptionError(
+                f"session {sid} append starts at seq {rows[0][1]}, stored next seq is {next_seq}",
+                session_id=sid,
+            )
+        self._copy(conn, rows)
+        self._bump(conn, sid)
+
+    def write_group(self, writes: Sequence[GroupWrite]) -> list[BaseException | None]:
+        """Several sessions' batches in ONE transaction (one ``COMMIT``, one WAL flush
+        for all of them; group commit, issue 26; the contract is
+        :func:`~harness.persistence._backend.write_each`'s).
+
+        Each batch runs inside its own ``SAVEPOINT``: a batch refused by its own checks
+        (a lost lease, an existing session for a first write, a batch that does not
+        continue the stored log, a record that cannot be stored, a statement of its
+        own failing) is rolled back alone and reported with the exception ``append``
+        or ``materialize`` would raise for it alone, and the others go on. A failure
+        of a shared step (``BEGIN``, a savepoint that cannot be rolled back to, the
+        ``COMMIT``) fails every batch not already refused; a ``COMMIT`` whose outcome
+        is unknown leaves every first write of the group recognisable by its retry,
+        as for ``materialize``. The batches run in session-id order (one session's
+        in the order given), so the row locks of two groups are always taken in the
+        same order and never deadlock. A lone batch is exactly ``append`` or
+        ``materialize``."""
+        results: list[BaseException | None] = [None] * len(writes)
+        todo = [i for i, w in enumerate(writes) if w.records or not w.materialized]
+        if len(todo) == 1:
+            w = writes[todo[0]]
+            try:
+                if w.materialized:
+                    self.append(w.session_id, w.records, lease=w.lease)
+                else:
+                    self.materialize(w.header, w.records, lease=w.lease)
+            except Exception as exc:
+                results[todo[0]] = exc
+            return results
+        if not todo:
+            return results
+        todo.sort(key=lambda i: writes[i].session_id)  # stable: one session's order kept
+        plans: dict[int, _Planned] = {}
+        for i in todo:
+            try:
+                plans[i] = self._plan(writes[i])
+            except Exception as exc:
+                results[i] = exc
+        todo = [i for i in todo if i in plans]
+        reach: dict[str, int | None] = {}
+        for i in todo:  # in session order: the last batch of each session wins
+            last = writes[i].records[-1].get("seq") if writes[i].records else None
+            reach[writes[i].session_id] = last + 1 if type(last) is int else None
+        for i in todo:
+            plans[i].reach = reach[writes[i].session_id]
+        committing = False
+        try:
+            with self._db.txn(None, f"writing a group of {len(todo)} batches") as conn:
+                for i in todo:
+                    results[i] = self._group_batch(conn, writes[i], plans[i])
+                committing = True
+        except Exception as exc:
+            for i in todo:
+                if results[i] is None:
+                    results[i] = self._group_error(exc, writes[i].session_id, plans[i].what, committing)
+            if committing:
+                for i in todo:
+                    w, plan = writes[i], plans[i]
+                    if not w.materialized and results[i] is not None and plan.stored is not None:
+                        self._in_doubt[w.session_id] = (plan.stored, plan.text)
+            return results
+        for i in todo:
+            w = writes[i]
+            if not w.materialized and (results[i] is None or isinstance(results[i], SessionLogExistsError)):
+                self._in_doubt.pop(w.session_id, None)
+        return results
+
+    def _plan(self, w: GroupWrite) -> _Planned:
+        """What a batch needs before its transaction (as ``append``/``materialize``
+        compute it first: an unencodable record is refused before any statement)."""
+        if w.materialized:
+            return _Planned(f"appending {len(w.records)} event(s)", bind_records(w.session_id, w.records, pack=True))
+        return _Planned("creating the session", [], orjson.dumps(header_record(w.header)).decode())
+
+    def _group_batch(self, conn: Connection[Any], w: GroupWrite, plan: _Planned) -> BaseException | None:
+        """One batch of a group in its own savepoint: its own failure is returned (the
+        savepoint rolled back); one that leaves the transaction unusable is raised."""
+        self._db.exec(conn, f"SAVEPOINT {_GROUP_SAVEPOINT}")
+        try:
+            if w.materialized:
+                self._append_in(conn, w.session_id, w.records, plan.rows, w.lease, plan.reach)
+            else:
+                plan.stored = self._materialize_in(
+                    conn, w.header, plan.text, str(uuid.uuid4()), w.records, w.lease, plan.reach
+                )
+            self._db.exec(conn, f"RELEASE SAVEPOINT {_GROUP_SAVEPOINT}")
+        except Exception as exc:
+            # Undo this batch alone; if even that fails, the whole group goes.
+            self._db.exec(conn, f"ROLLBACK TO SAVEPOINT {_GROUP_SAVEPOINT}")
+            self._db.exec(conn, f"RELEASE SAVEPOINT {_GROUP_SAVEPOINT}")
+            plan.stored = None
+            if isinstance(exc, psycopg.Error):
+                return self._db.io_error(w.session_id, plan.what, exc)
+            return exc
+        return None
+
+    def _group_error(self, exc: Exception, sid: str, what: str, committing: bool) -> BaseException:
+        """The exception a batch alone would have got from the group's shared failure."""
+        cause = exc.__cause__
+        if type(exc) is StorageIOError and isinstance(cause, psycopg.Error):
+            err = self._db.io_error(sid, f"{what}: COMMIT (its outcome is unknown)" if committing else what, cause)
+            err.__cause__ = cause
+            return err
+        return copy_error(exc, sid)
 
     def _stored_prefix(
-        self, conn: Connection[Any], sid: str, records: list[dict[str, Any]], first: int, next_seq: int
+        self,
+        conn: Connection[Any],
+        sid: str,
+        records: list[dict[str, Any]],
+        first: int,
+        next_seq: int,
+        reach: int | None = None,
     ) -> int | None:
-        """How many leading ``records`` are stored exactly as given (seqs ``first`` to
-        ``next_seq - 1``, the end of the log), or ``None`` if they are not."""
-        count = next_seq - first
-        if count > len(records):
+        """How many leading ``records`` are stored exactly as given (from seq ``first``
+        on), or ``None`` if they are not. The batch's head must be the end of the log
+        (seqs ``first`` to ``next_seq - 1``); or, for a group's batch, the whole batch
+        is stored and the log goes on exactly to ``reach``: the group's commit of unknown
+        outcome stored it and the group's later batches of the session, and the group's
+        retry sends them all again."""
+        if next_seq - first > len(records) and next_seq != reach:
             return None
+        count = min(next_seq - first, len(records))
         head = records[:count]
-        if [r.get("seq") for r in head] != list(range(first, next_seq)):
+        end = first + count
+        if [r.get("seq") for r in head] != list(range(first, end)):
             return None
         stored, torn = self._scan(conn, sid, self._row_holding(conn, sid, first))
-        stored = [e for e in stored if e["seq"] >= first]
+        stored = [e for e in stored if first <= e["seq"] < end]
         if torn is not None or len(stored) != count:
             return None
         return count if _same(stored, head) else None
@@ -468,6 +634,21 @@ class PostgresBackend:
         with self._db.txn(session_id, "deleting") as conn:
             if not self._db.rows(conn, f"DELETE FROM {self.schema}.sessions WHERE id = %s RETURNING 1", (session_id,)):
                 raise PersistedSessionNotFoundError(f'session "{session_id}" not found', session_id=session_id)
+
+
+@attrs.define
+class _Planned:
+    """A group batch's precomputed part: what it does (for errors), its bound rows (an
+    append), its header text (a first write) and the incarnation it stored."""
+
+    what: str
+    rows: list[tuple[Any, ...]]
+    text: str = ""
+    stored: str | None = None
+    reach: int | None = None  # the next seq after the group's last batch of the session
+
+
+_GROUP_SAVEPOINT: Final = "harness_group_batch"
 
 
 def _same(stored: list[dict[str, Any]], given: list[dict[str, Any]]) -> bool:
