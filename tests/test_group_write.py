@@ -16,6 +16,7 @@ import pytest
 
 from harness.errors import (
     LeaseLostError,
+    PersistenceError,
     RecordEncodingError,
     SessionCorruptionError,
     SessionLogExistsError,
@@ -193,6 +194,21 @@ def test_a_record_the_store_cannot_hold_fails_only_its_batch(make: Any, kind: st
     assert isinstance(results[0], RecordEncodingError) and results[1] is None
     assert seqs(b, "z") == [0]  # none of the batch, not its first rows either
     assert seqs(b, "a") == [0, 1]
+
+
+def test_a_batch_behind_a_failed_batch_of_its_session_never_lands(make: Any) -> None:
+    """Found by the group-write scenario: write_each wrote a session's later batch after
+    its earlier one failed, leaving a gap in a JSONL log (no storage seq check there)."""
+    b = make()
+    b.materialize(header("a"), events(0, 1))
+    b.materialize(header("o"), events(0, 1))
+    bad = events(1, 2)
+    bad[1]["data"] = {"n": 2**70}
+    results = group(b, [more("a", bad), more("o", events(1, 1)), more("a", events(3, 1))])
+    assert isinstance(results[0], RecordEncodingError) and results[1] is None
+    assert isinstance(results[2], PersistenceError) and results[2].session_id == "a"
+    assert seqs(b, "a") == [0]
+    assert seqs(b, "o") == [0, 1]
 
 
 class FailCommit(SqliteFaults):

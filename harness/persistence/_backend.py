@@ -9,7 +9,7 @@ from typing import Any, Protocol
 import attrs
 import orjson
 
-from harness.errors import SessionCorruptionError, SessionFormatUnsupportedError
+from harness.errors import PersistenceError, SessionCorruptionError, SessionFormatUnsupportedError
 from harness.session import SESSION_FORMAT_VERSION
 from harness.session._events import is_nonneg_safe_int
 
@@ -132,19 +132,41 @@ def write_each(backend: Backend, writes: Sequence[GroupWrite]) -> list[BaseExcep
     exception ``append``/``materialize`` would have raised for it alone). One batch's
     failure (a lost lease, a refused first write) never fails another's; a failure of
     the shared step (the transaction's commit, an fsync) fails every batch it covers.
-    Batches of one session appear in the order given and land in that order."""
+    Batches of one session appear in the order given and land in that order, and a
+    batch never lands behind a gap that an earlier failed batch of its session left: a
+    backend with a storage-level seq check judges it against the stored log; here
+    (JSONL has no such check) it is not written and gets :func:`unwritten_after_failure`."""
     results: list[BaseException | None] = []
+    failed: dict[str, BaseException] = {}
     for w in writes:
+        earlier = failed.get(w.session_id)
+        if earlier is not None:
+            # Writing it would leave a gap where the failed batch belonged.
+            results.append(unwritten_after_failure(backend, w.session_id, earlier))
+            continue
         try:
             if w.materialized:
                 backend.append(w.session_id, w.records, lease=w.lease)
             else:
                 backend.materialize(w.header, w.records, lease=w.lease)
         except Exception as exc:
+            failed[w.session_id] = exc
             results.append(exc)
         else:
             results.append(None)
     return results
+
+
+def unwritten_after_failure(backend: Backend, session_id: str, earlier: BaseException) -> PersistenceError:
+    """The refusal of a batch not written because an earlier batch of the same session
+    in the same group failed (it would have landed behind a gap)."""
+    err = PersistenceError(
+        f'{backend.name}: session "{session_id}": batch not written, an earlier batch of it in the same '
+        f"group failed ({earlier})",
+        session_id=session_id,
+    )
+    err.__cause__ = earlier
+    return err
 
 
 def header_record(header: dict[str, Any]) -> dict[str, Any]:
