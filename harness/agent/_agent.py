@@ -5,15 +5,15 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Awaitable, Callable, Iterable
-from typing import Any, Literal, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
-import attrs
 import orjson
 import trio
 
 from actors import ActorError
 from harness.agent._hooks import (
     AgentHooks,
+    AgentView,
     CheckpointContext,
     CheckpointPoint,
     RequestErrorContext,
@@ -23,6 +23,17 @@ from harness.agent._hooks import (
 )
 from harness.agent._inbox import Inbox, Target, splice_draft
 from harness.agent._tools import ToolSet
+from harness.agent._types import (
+    AbortKind,
+    AgentArgumentError,
+    AgentBusyError,
+    AgentCancelledError,
+    AgentDisposedError,
+    Delivery,
+    Phase,
+    TurnResult,
+    check_max_tokens,
+)
 from harness.errors import HarnessError
 from harness.persistence import CheckpointPolicy
 from harness.providers import (
@@ -45,55 +56,7 @@ from harness.session import EventDraft, FrozenDict, freeze, header_equals, thaw
 
 log = logging.getLogger("harness.agent")
 
-AbortKind = Literal["user", "parent", "disposed"]
-Phase = Literal["idle", "turn", "maintenance"]
-Delivery = Literal["follow-up", "steer", "inject"]
 T = TypeVar("T")
-
-
-class AgentArgumentError(HarnessError, ValueError):
-    """An agent setting with a value it cannot take (e.g. ``max_tokens`` that is not a
-    positive integer, an unknown ``send`` delivery); the message names the value.
-    Also a ``ValueError``, as these were before they were typed."""
-
-    code = "INVALID_AGENT_ARGUMENT"
-
-
-def check_max_tokens(max_tokens: object) -> None:
-    """Refuse a ``max_tokens`` that is neither ``None`` nor a positive ``int``."""
-    if max_tokens is not None and (type(max_tokens) is not int or max_tokens <= 0):
-        raise AgentArgumentError(f"agent max_tokens must be a positive integer, got {max_tokens!r}")
-
-
-class AgentBusyError(HarnessError):
-    code = "AGENT_BUSY"
-
-
-class AgentDisposedError(HarnessError):
-    code = "AGENT_DISPOSED"
-
-
-class AgentCancelledError(HarnessError):
-    """:meth:`Agent.cancel` cancelled a maintenance task; ``cause`` is the cancel
-    record (``{"kind": "user" | "parent" | "disposed"}``)."""
-
-    code = "AGENT_CANCELLED"
-
-    def __init__(self, message: str, cause: dict[str, Any], *, session_id: str | None = None) -> None:
-        super().__init__(message, session_id=session_id)
-        self.cause = cause
-
-
-@attrs.frozen
-class TurnResult:
-    """How a turn ended: ``reason`` is the ``turn/end`` reason record."""
-
-    turn: int
-    reason: dict[str, Any]
-
-    @property
-    def kind(self) -> str:
-        return str(self.reason["kind"])
 
 
 class _NothingQueued(Exception):
@@ -1038,3 +1001,8 @@ def _tool_result(turn: int, step: int, call_id: str, text: str, error: dict[str,
     if error is not None:
         data["error"] = error
     return data
+
+
+if TYPE_CHECKING:
+    # What the hooks see of an agent (harness.agent._hooks.AgentView) is this class.
+    _conforms: type[AgentView] = Agent

@@ -146,8 +146,7 @@ def command(runner: Callable[[argparse.Namespace], int] | None = None) -> Any:
     status for the parsed namespace (default: :func:`main`)."""
     import click
 
-    from harness.cli import CONTEXT
-    from harness.cli._output import default_root
+    from harness.cli._output import CONTEXT, default_root
 
     @click.group("sessions", context_settings=CONTEXT, epilog=_EXIT_TEXT, short_help="List, show, verify, repair, fork, export and remove stored sessions.")
     @_common
@@ -240,11 +239,12 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
 
 def run(argv: Sequence[str] | None = None) -> int:
     """Run ``harness``-style arguments (``sessions ...``) in this process; returns the
-    exit code (usage errors 2, ``--help`` 0)."""
-    from harness.cli import main as harness_main
+    exit code (usage errors 2, ``--help`` 0). Only ``sessions`` is known here (the
+    ``harness`` group of :mod:`harness.cli` holds the other commands)."""
+    from harness.cli._output import run_alone
 
     try:
-        harness_main(list(argv) if argv is not None else None)
+        run_alone(command(), list(sys.argv[1:] if argv is None else argv))
     except SystemExit as exc:
         if exc.code is None:
             return EXIT_OK
