@@ -9,7 +9,8 @@ from collections.abc import Awaitable, Callable, Sequence
 
 import trio
 
-from harness.faults._explore import ExploreReport, Probe, Settings, explore
+from harness.faults._explore import Probe, Settings, explore
+from harness.faults._report import ExploreReport
 
 
 class ExploreCheckpoints:

@@ -30,70 +30,28 @@ from harness.faults._scenarios._compaction import compaction
 
 # The shared frame, importable from the package as before the split (tests use it).
 from harness.faults._scenarios._frame import (
-    LIFECYCLE_ERRORS as LIFECYCLE_ERRORS,
-)
-from harness.faults._scenarios._frame import (
-    SETTINGS as SETTINGS,
-)
-from harness.faults._scenarios._frame import (
-    TOOLS as TOOLS,
-)
-from harness.faults._scenarios._frame import (
-    TURN_SCRIPT as TURN_SCRIPT,
-)
-from harness.faults._scenarios._frame import (
-    AgentRun as AgentRun,
-)
-from harness.faults._scenarios._frame import (
-    Caller as Caller,
-)
-from harness.faults._scenarios._frame import (
-    OwnerCloser as OwnerCloser,
-)
-from harness.faults._scenarios._frame import (
-    Rig as Rig,
-)
-from harness.faults._scenarios._frame import (
-    StoreRun as StoreRun,
-)
-from harness.faults._scenarios._frame import (
-    agent_run as agent_run,
-)
-from harness.faults._scenarios._frame import (
-    allowed_errors as allowed_errors,
-)
-from harness.faults._scenarios._frame import (
-    append_turns as append_turns,
-)
-from harness.faults._scenarios._frame import (
-    bind_teardown as bind_teardown,
-)
-from harness.faults._scenarios._frame import (
-    check_live as check_live,
-)
-from harness.faults._scenarios._frame import (
-    check_runtime_exited as check_runtime_exited,
-)
-from harness.faults._scenarios._frame import (
-    check_runtime_live as check_runtime_live,
-)
-from harness.faults._scenarios._frame import (
-    flush_and_acknowledge as flush_and_acknowledge,
-)
-from harness.faults._scenarios._frame import (
-    guarded as guarded,
-)
-from harness.faults._scenarios._frame import (
-    note_errors as note_errors,
-)
-from harness.faults._scenarios._frame import (
-    rig as rig,
-)
-from harness.faults._scenarios._frame import (
-    store_run as store_run,
-)
-from harness.faults._scenarios._frame import (
-    turn_batches as turn_batches,
+    LIFECYCLE_ERRORS,
+    SETTINGS,
+    TOOLS,
+    TURN_SCRIPT,
+    AgentRun,
+    Caller,
+    OwnerCloser,
+    Rig,
+    StoreRun,
+    agent_run,
+    allowed_errors,
+    append_turns,
+    bind_teardown,
+    check_live,
+    check_runtime_exited,
+    check_runtime_live,
+    flush_and_acknowledge,
+    guarded,
+    note_errors,
+    rig,
+    store_run,
+    turn_batches,
 )
 from harness.faults._scenarios._sessions import fork, lifecycle
 from harness.faults._scenarios._writes import close_writes, write_behind
@@ -221,3 +179,32 @@ def select_scenarios(names: Sequence[str]) -> list[Scenario]:
             raise KeyError(name)
         out.extend(s for s in found if s not in out)
     return out
+
+
+# Re-exported: the names tests and callers imported from here before the split.
+__all__ = [
+    "AgentRun",
+    "Caller",
+    "LIFECYCLE_ERRORS",
+    "OwnerCloser",
+    "Rig",
+    "SETTINGS",
+    "StoreRun",
+    "TOOLS",
+    "TURN_SCRIPT",
+    "agent_run",
+    "allowed_errors",
+    "append_turns",
+    "bind_teardown",
+    "builtin_scenarios",
+    "check_live",
+    "check_runtime_exited",
+    "check_runtime_live",
+    "flush_and_acknowledge",
+    "guarded",
+    "note_errors",
+    "rig",
+    "select_scenarios",
+    "store_run",
+    "turn_batches",
+]
