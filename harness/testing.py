@@ -32,26 +32,22 @@ and replays through :class:`~harness.session.RelationalInvariants`) and
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, Final, Literal
 
 import pytest
-import trio
 
 from harness._runtime_api import Runtime, RuntimeConfigError, open_runtime
 from harness.agent import Say, ScriptedProvider
 from harness.errors import HarnessError
 from harness.faults import (
-    ExploreReport,
     FailingFiles,
     FaultyFiles,
-    Probe,
-    Settings,
     check_log,
-    explore,
 )
+from harness.faults._checkpoints import ExploreCheckpoints
 from harness.faults._pytest import (  # the explore marker's hooks: pytest finds them on this plugin
     pytest_collection_modifyitems as pytest_collection_modifyitems,
 )
@@ -228,72 +224,6 @@ def faulty_files() -> Callable[..., FaultyFiles]:
     is a counting dry run, ``faulty_files(fail_at=k, error=errno.ENOSPC)`` fails the
     k-th mutating file operation."""
     return FaultyFiles
-
-
-class ExploreCheckpoints:
-    """``explore_checkpoints(body, **options)``: run ``async def body(probe)`` with a
-    cancellation injected before every scheduler step (:func:`harness.faults.explore`),
-    assert that no attempt violated anything, and return the report.
-
-    The body runs inside a cancel scope bound as the ``caller`` canceller and, with
-    ``arm=True`` (the default), the probe is armed before it starts: every step of the
-    body counts. With ``arm=False`` the body calls ``probe.arm()`` itself (after its
-    setup). The body records its own checks with ``probe.check(cond, msg)`` and may bind
-    more cancellers with ``probe.canceller(name, action)``.
-
-    ``seeds``, ``stride``, ``max_steps``, ``cancellers``, ``settings``, ``allowed``,
-    ``max_attempts`` and ``max_seconds`` go to ``explore`` (default settings:
-    ``Settings(autojump_threshold=0.0)``, mock time). A violation fails with the
-    report's grouped summary (``str(report)``); ``check=False`` returns the report
-    without asserting. Call it from a synchronous
-    test: each attempt is a ``trio.run`` of its own (from an async test it works but
-    blocks the test's loop while it runs).
-    """
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self.reports: list[ExploreReport] = []
-
-    def __call__(
-        self,
-        body: Callable[[Probe], Awaitable[object]],
-        *,
-        name: str | None = None,
-        arm: bool = True,
-        seeds: int | Sequence[int] | None = None,
-        stride: int = 1,
-        max_steps: int | None = None,
-        cancellers: Sequence[str] | None = None,
-        settings: Settings | None = None,
-        check: bool = True,
-        allowed: Sequence[type[BaseException]] | None = None,
-        max_attempts: int | None = None,
-        max_seconds: float | None = None,
-    ) -> ExploreReport:
-        async def scenario(probe: Probe) -> None:
-            with trio.CancelScope() as caller:
-                probe.canceller("caller", caller.cancel)
-                if arm:
-                    probe.arm()
-                await body(probe)
-            probe.disarm()
-
-        report = explore(
-            scenario,
-            name=name or getattr(body, "__name__", None) or self.name,
-            seeds=seeds,
-            stride=stride,
-            max_steps=max_steps,
-            cancellers=cancellers,
-            settings=settings or Settings(autojump_threshold=0.0),
-            allowed=allowed,
-            max_attempts=max_attempts,
-            max_seconds=max_seconds,
-        )
-        self.reports.append(report)
-        if check and not report.ok:
-            raise AssertionError(str(report))
-        return report
 
 
 @pytest.fixture

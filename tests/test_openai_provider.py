@@ -176,7 +176,7 @@ async def test_nameless_tool_call_fragments_are_bounded(monkeypatch: pytest.Monk
     # a call that streams more than MAX_TOOL_ARGUMENTS characters without a name is
     # refused typed, not buffered without end.
     from harness.providers import ToolArgumentsTooLargeError
-    from harness.providers import _openai as openai_module
+    from harness.providers import _openai_reply as openai_module  # the reply mapper reads it
 
     monkeypatch.setattr(openai_module, "MAX_TOOL_ARGUMENTS", 40)
     held = [chunk(tool_calls=[{"index": 0, "id": "c1", "function": {"arguments": "0123456789"}}]) for _ in range(4)]

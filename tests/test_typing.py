@@ -36,7 +36,7 @@ def test_the_revealed_types_are_the_precise_ones() -> None:
     revealed = re.findall(r'Revealed type is "([^"]+)"', out)
     assert revealed == [
         "harness.agent._loop.AgentHandle",
-        "harness.agent._agent.TurnResult",
+        "harness.agent._types.TurnResult",
         "harness.agent._loop.AgentHandle",
         "tuple[str, ...]",
     ], out

@@ -1,15 +1,6 @@
 """The agent loop, the model-provider protocol, the scripted provider, tools and resume."""
 
-from harness.agent._agent import (
-    Agent,
-    AgentArgumentError,
-    AgentBusyError,
-    AgentCancelledError,
-    AgentDisposedError,
-    Delivery,
-    Phase,
-    TurnResult,
-)
+from harness.agent._agent import Agent
 from harness.agent._commands import (
     COMPACT_TEXTS,
     Command,
@@ -53,6 +44,15 @@ from harness.agent._loop import (
 )
 from harness.agent._scripted import Call, Delay, Fail, Say, ScriptedProvider, Think, Truncated
 from harness.agent._tools import Tool, ToolError, ToolSet, tool
+from harness.agent._types import (
+    AgentArgumentError,
+    AgentBusyError,
+    AgentCancelledError,
+    AgentDisposedError,
+    Delivery,
+    Phase,
+    TurnResult,
+)
 from harness.providers import (
     ContextWindowExceededError,
     Finish,

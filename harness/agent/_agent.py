@@ -3,17 +3,16 @@
 from __future__ import annotations
 
 import logging
-import uuid
 from collections.abc import Awaitable, Callable, Iterable
-from typing import Any, Literal, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
-import attrs
 import orjson
 import trio
 
 from actors import ActorError
 from harness.agent._hooks import (
     AgentHooks,
+    AgentView,
     CheckpointContext,
     CheckpointPoint,
     RequestErrorContext,
@@ -22,21 +21,35 @@ from harness.agent._hooks import (
     StepContext,
 )
 from harness.agent._inbox import Inbox, Target, splice_draft
+from harness.agent._step import (
+    Step,
+    abort_before_dispatch,
+    as_append,
+    assistant_message,
+    close_step,
+    stream_reply,
+    tool_result,
+    turn_started,
+    user_message,
+)
 from harness.agent._tools import ToolSet
+from harness.agent._types import (
+    AbortKind,
+    AgentArgumentError,
+    AgentBusyError,
+    AgentCancelledError,
+    AgentDisposedError,
+    Delivery,
+    Phase,
+    TurnResult,
+    check_max_tokens,
+)
 from harness.errors import HarnessError
 from harness.persistence import CheckpointPolicy
 from harness.providers import (
-    Finish,
     ModelProvider,
     ModelRequest,
     ProviderError,
-    ReasoningDelta,
-    TextDelta,
-    ToolArgumentsTooLargeError,
-    ToolCallDelta,
-    Usage,
-    close_stream,
-    next_chunk,
 )
 from harness.providers._protocol import MAX_TOOL_ARGUMENTS
 from harness.runtime import SessionHandle
@@ -45,80 +58,11 @@ from harness.session import EventDraft, FrozenDict, freeze, header_equals, thaw
 
 log = logging.getLogger("harness.agent")
 
-AbortKind = Literal["user", "parent", "disposed"]
-Phase = Literal["idle", "turn", "maintenance"]
-Delivery = Literal["follow-up", "steer", "inject"]
 T = TypeVar("T")
-
-
-class AgentArgumentError(HarnessError, ValueError):
-    """An agent setting with a value it cannot take (e.g. ``max_tokens`` that is not a
-    positive integer, an unknown ``send`` delivery); the message names the value.
-    Also a ``ValueError``, as these were before they were typed."""
-
-    code = "INVALID_AGENT_ARGUMENT"
-
-
-def check_max_tokens(max_tokens: object) -> None:
-    """Refuse a ``max_tokens`` that is neither ``None`` nor a positive ``int``."""
-    if max_tokens is not None and (type(max_tokens) is not int or max_tokens <= 0):
-        raise AgentArgumentError(f"agent max_tokens must be a positive integer, got {max_tokens!r}")
-
-
-class AgentBusyError(HarnessError):
-    code = "AGENT_BUSY"
-
-
-class AgentDisposedError(HarnessError):
-    code = "AGENT_DISPOSED"
-
-
-class AgentCancelledError(HarnessError):
-    """:meth:`Agent.cancel` cancelled a maintenance task; ``cause`` is the cancel
-    record (``{"kind": "user" | "parent" | "disposed"}``)."""
-
-    code = "AGENT_CANCELLED"
-
-    def __init__(self, message: str, cause: dict[str, Any], *, session_id: str | None = None) -> None:
-        super().__init__(message, session_id=session_id)
-        self.cause = cause
-
-
-@attrs.frozen
-class TurnResult:
-    """How a turn ended: ``reason`` is the ``turn/end`` reason record."""
-
-    turn: int
-    reason: dict[str, Any]
-
-    @property
-    def kind(self) -> str:
-        return str(self.reason["kind"])
 
 
 class _NothingQueued(Exception):
     """The driver found the inbox emptied before its claim: no turn starts."""
-
-
-class _Step:
-    """What the current step has logged (for closing it on abort or error)."""
-
-    def __init__(self, step: int) -> None:
-        self.step = step
-        self.chunk_seqs: list[int] = []
-        self.texts: dict[int, list[str]] = {}
-        self.reasoning: dict[int, list[str]] = {}
-        self.usage: dict[str, int] | None = None
-        self.streaming = False
-        self.calls: list[dict[str, Any]] = []  # {id, name, arguments}
-
-    def reset_attempt(self) -> None:
-        """Forget a failed request's stream (before a retry in the same step)."""
-        self.chunk_seqs = []
-        self.texts = {}
-        self.reasoning = {}
-        self.usage = None
-        self.calls = []
 
 
 class Agent:
@@ -280,7 +224,7 @@ class Agent:
             raise AgentDisposedError(f'agent "{self.id}" is disposed', session_id=self.id)
         if delivery not in ("follow-up", "steer", "inject"):
             raise AgentArgumentError(f'agent send delivery must be "follow-up", "steer" or "inject", got {delivery!r}')
-        message = _user_message(text)
+        message = user_message(text)
         target: Target = "next-turn" if delivery == "follow-up" else "next-step"
         if delivery == "inject":
             await self._record_send(target, message, delivery)
@@ -318,7 +262,7 @@ class Agent:
         """
         if self.disposed:
             raise AgentDisposedError(f'agent "{self.id}" is disposed', session_id=self.id)
-        message = _user_message(text)
+        message = user_message(text)
         if self._inbox_lock.locked():
             if self._nursery is None:
                 raise AgentBusyError(
@@ -330,7 +274,7 @@ class Agent:
         queue = self._inbox.queues["next-step"]
         # No inbox record is in flight (the lock is free): this one is next, at the
         # queue's current end, in memory and in the actor's order alike.
-        self.session.append_nowait(*_as_append(splice_draft("next-step", len(queue), 0, [message])))
+        self.session.append_nowait(*as_append(splice_draft("next-step", len(queue), 0, [message])))
         self._inbox.apply("next-step", len(queue), 0, [message])
         return str(message["id"])
 
@@ -339,7 +283,7 @@ class Agent:
         Cancellation: cancelled before the record was appended, nothing is queued."""
         async with self._inbox_lock:
             queue = self._inbox.queues[target]
-            await self.session.append(*_as_append(splice_draft(target, len(queue), 0, [message])))
+            await self.session.append(*as_append(splice_draft(target, len(queue), 0, [message])))
             self._inbox.apply(target, len(queue), 0, [message])
             if delivery == "steer":
                 self._inbox.waking.add(message["id"])
@@ -357,7 +301,7 @@ class Agent:
                 queue = self._inbox.queues[target]
                 if queue:
                     n = len(queue)
-                    await self.session.append(*_as_append(splice_draft(target, 0, n, [], outcome="canceled")))
+                    await self.session.append(*as_append(splice_draft(target, 0, n, [], outcome="canceled")))
                     self._inbox.apply(target, 0, n, [])
                     dropped += n
         return dropped
@@ -484,7 +428,7 @@ class Agent:
         ``user`` unless one was given) in a shielded cleanup, then ``Cancelled``
         propagates. Either way ``turn/end`` is in the log before this returns.
         """
-        result = await self._run(_user_message(text))
+        result = await self._run(user_message(text))
         assert result is not None  # a direct prompt is always claimed
         return result
 
@@ -579,7 +523,7 @@ class Agent:
             return claimed
 
     async def _turn(self, turn: int, prompt: dict[str, Any] | None, scope: trio.CancelScope) -> TurnResult | None:
-        steps: list[_Step] = []
+        steps: list[Step] = []
         outcome: dict[str, Any] | None = None
         started = False
         try:
@@ -588,7 +532,7 @@ class Agent:
                     first = not steps
                     claimed = await self._claim(turn, prompt, first=first)
                     started = True
-                    step = _Step(len(steps) + 1)
+                    step = Step(len(steps) + 1)
                     for hook in list(self.hooks.pre_step):
                         await hook(StepContext(self, turn, step.step, tuple(cast(FrozenDict, freeze(m)) for m in claimed)))
                     if self.checkpoint is not None:
@@ -630,7 +574,7 @@ class Agent:
         return TurnResult(turn, outcome)
 
     async def _finish(
-        self, turn: int, steps: list[_Step], outcome: dict[str, Any], *, committed_stream: bool, started: bool = True
+        self, turn: int, steps: list[Step], outcome: dict[str, Any], *, committed_stream: bool, started: bool = True
     ) -> None:
         """Close the open step and log ``turn/end`` (shielded: a turn is never left
         without its end while the session is live).
@@ -641,14 +585,14 @@ class Agent:
         the error propagates.
         """
         with trio.CancelScope(shield=True):
-            if not started and not _turn_started(self.session, turn):
+            if not started and not turn_started(self.session, turn):
                 self._last_turn = turn - 1  # the number was never used
                 return
             if outcome["kind"] in ("aborted", "error") and steps:
-                await self._close_step(turn, steps[-1], committed_stream=committed_stream)
+                await close_step(self.session, self.provider, turn, steps[-1], committed_stream=committed_stream)
             await self.session.append("turn/end", {"turn": turn, "reason": outcome})
 
-    async def _run_step(self, turn: int, step: _Step, claimed: list[dict[str, Any]]) -> dict[str, Any] | None:
+    async def _run_step(self, turn: int, step: Step, claimed: list[dict[str, Any]]) -> dict[str, Any] | None:
         """One step; returns the turn's end reason, or None to run another step."""
         s = self.session
         await s.append_batch(
@@ -672,7 +616,16 @@ class Agent:
                 await self.checkpoint.before_model_request(s)
                 self._checkpointed(turn, step.step, "model-request")
             try:
-                finish = await self._stream(turn, step, request)
+                finish = await stream_reply(
+                    self.session,
+                    self.provider,
+                    turn,
+                    step,
+                    request,
+                    chunk_batch=self._chunk_batch,
+                    close_grace=self.close_grace,
+                    max_tool_arguments=self.max_tool_arguments,
+                )
                 break
             except ProviderError as exc:
                 # The failed attempt commits nothing, even if the recovery below is
@@ -689,7 +642,7 @@ class Agent:
                 content.append({"type": "text", "text": "".join(step.texts[index])})
         for call in step.calls:
             content.append({"type": "tool-call", "id": call["id"], "name": call["name"], "arguments": call["arguments"]})
-        data: dict[str, Any] = {"turn": turn, "step": step.step, "message": _assistant_message(self.provider, content)}
+        data: dict[str, Any] = {"turn": turn, "step": step.step, "message": assistant_message(self.provider, content)}
         if step.usage is not None:
             data["usage"] = step.usage
         await s.append("assistant/message", data, surface_op="append")
@@ -752,86 +705,7 @@ class Agent:
         if drafts:
             await s.append_batch(drafts)
 
-    async def _stream(self, turn: int, step: _Step, request: ModelRequest) -> str:
-        """Stream the reply into ``assistant/chunk`` events (appended in batches)."""
-        pending: list[EventDraft] = []
-        calls: dict[str, dict[str, Any]] = {}
-        # A call's arguments arrive in many small deltas: kept as pieces and joined once
-        # at the end (``+=`` on a str held by a dict copies it each time: a 3 MB argument
-        # in 64-byte deltas took 91 s, issue 24 §2). ``sizes``: characters so far.
-        pieces: dict[str, list[str]] = {}
-        sizes: dict[str, int] = {}
-        limit = self.max_tool_arguments
-        finish = "stop"
-
-        async def flush_chunks() -> None:
-            if pending:
-                events = await self.session.append_batch(pending)
-                step.chunk_seqs.extend(e.seq for e in events)
-                pending.clear()
-
-        step.streaming = True
-        try:
-            agen = self.provider.stream(request)
-            try:
-                while (chunk := await next_chunk(agen, self.provider.name)) is not None:
-                    if isinstance(chunk, TextDelta):
-                        step.texts.setdefault(chunk.index, []).append(chunk.text)
-                        raw: dict[str, Any] = {"type": "text-delta", "index": chunk.index, "text": chunk.text}
-                    elif isinstance(chunk, ReasoningDelta):
-                        step.reasoning.setdefault(chunk.index, []).append(chunk.text)
-                        raw = {"type": "reasoning-delta", "index": chunk.index, "text": chunk.text}
-                    elif isinstance(chunk, ToolCallDelta):
-                        call = calls.get(chunk.id)
-                        if call is None:
-                            call = calls[chunk.id] = {"id": chunk.id, "name": chunk.name, "arguments": ""}
-                            pieces[chunk.id] = []
-                            sizes[chunk.id] = 0
-                        if chunk.name is not None:
-                            call["name"] = chunk.name
-                        size = sizes[chunk.id] = sizes[chunk.id] + len(chunk.arguments_delta)
-                        if size > limit:
-                            raise ToolArgumentsTooLargeError(
-                                f'agent "{self.id}": the arguments of tool call {chunk.id!r} exceed {limit} characters',
-                                call_id=chunk.id,
-                                limit=limit,
-                            )
-                        pieces[chunk.id].append(chunk.arguments_delta)
-                        raw = {"type": "tool-call-delta", "index": chunk.index, "id": chunk.id}
-                        if chunk.name is not None:
-                            raw["name"] = chunk.name
-                        raw["argumentsDelta"] = chunk.arguments_delta
-                    elif isinstance(chunk, Usage):
-                        step.usage = {"inputTokens": chunk.input_tokens, "outputTokens": chunk.output_tokens}
-                        raw = {"type": "usage", "usage": step.usage}
-                    elif isinstance(chunk, Finish):
-                        finish = chunk.reason
-                        raw = {"type": "finish", "reason": chunk.reason}
-                    else:  # pragma: no cover - protocol violation
-                        raise ProviderError(f"unknown stream chunk {chunk!r}")
-                    pending.append(EventDraft("assistant/chunk", {"turn": turn, "step": step.step, "chunk": raw}))
-                    if len(pending) >= self._chunk_batch:
-                        await flush_chunks()
-            finally:
-                await close_stream(agen, grace=self.close_grace, who=f'agent "{self.id}"')
-        except ProviderError:
-            # A failed stream commits nothing more: the chunks still buffered are
-            # dropped (batches logged before the failure stay, log-only), and no
-            # assistant message is built from it (committed_stream=False).
-            pending.clear()
-            raise
-        finally:
-            # Chunks that arrived are facts: log them even if the stream was cut
-            # by a cancellation.
-            with trio.CancelScope(shield=True):
-                await flush_chunks()
-            step.streaming = False
-        for call_id, call in calls.items():
-            call["arguments"] = "".join(pieces[call_id])
-        step.calls = [c for c in calls.values() if c["name"]]
-        return finish
-
-    async def _run_tools(self, turn: int, step: _Step) -> None:
+    async def _run_tools(self, turn: int, step: Step) -> None:
         s = self.session
         await s.append_batch(
             [
@@ -880,10 +754,10 @@ class Agent:
                         except Exception as exc:
                             text = f"Error: {exc}"
                             error = {"name": type(exc).__name__, "code": getattr(exc, "code", "TOOL_FAILED")}
-                    await s.append("tool/result", _tool_result(turn, step.step, call["id"], text, error), surface_op="append")
+                    await s.append("tool/result", tool_result(turn, step.step, call["id"], text, error), surface_op="append")
             except trio.Cancelled:
                 if not body_started:
-                    await self._abort_before_dispatch(turn, step.step, call["id"])
+                    await abort_before_dispatch(self.session, turn, step.step, call["id"])
                 raise
 
         failures: list[Exception] = []
@@ -904,137 +778,7 @@ class Agent:
         if failures:
             raise failures[0]
 
-    async def _abort_before_dispatch(self, turn: int, step: int, call_id: str) -> None:
-        """Answer a call whose body never started with the reference's
-        ``TOOL_ABORTED_BEFORE_DISPATCH`` result (shielded; called while a cancellation
-        propagates). A failed append is left to :meth:`_close_step`, which reads the
-        log and answers whatever is still unanswered (``TOOL_ABORTED``)."""
-        s = self.session
-        with trio.CancelScope(shield=True):
-            logged = _logged_in_step(s, turn, step)
-            if logged is None or call_id in logged[2]:
-                return  # the step is closed, or the call is answered already
-            text = "Error: tool call aborted before dispatch"
-            error = {"name": "AbortError", "code": "TOOL_ABORTED_BEFORE_DISPATCH"}
-            try:
-                await s.append("tool/result", _tool_result(turn, step, call_id, text, error), surface_op="append")
-            except (HarnessError, ActorError) as exc:
-                log.warning('agent "%s": recording an aborted tool call failed: %s', self.id, exc)
 
-    async def _close_step(self, turn: int, step: _Step | None, *, committed_stream: bool) -> None:
-        """Close an interrupted step so the log stays balanced (runs shielded).
-
-        What the step already logged is read from the log, not from the step's own
-        bookkeeping: a message whose append was applied but whose reply never came
-        back (``ReplyOverdueError``) is still a fact, and answering a call twice
-        would break the log's invariants.
-        """
-        if step is None:
-            return
-        s = self.session
-        logged = _logged_in_step(s, turn, step.step)
-        if logged is None:
-            return  # the step was closed already
-        message_logged, dispatched, answered = logged
-        drafts: list[EventDraft] = []
-        if not message_logged and committed_stream:
-            content = [{"type": "reasoning", "text": "".join(v)} for k, v in sorted(step.reasoning.items())]
-            content += [{"type": "text", "text": "".join(v)} for k, v in sorted(step.texts.items())]
-            content = [b for b in content if b["text"]]
-            if content:
-                data: dict[str, Any] = {
-                    "turn": turn,
-                    "step": step.step,
-                    "message": _assistant_message(self.provider, content),
-                    "interrupted": True,
-                }
-                if step.usage is not None:
-                    data["usage"] = step.usage
-                drafts.append(EventDraft("assistant/message", data, "append", step.chunk_seqs or None))
-        if message_logged:
-            for call in step.calls:
-                if call["id"] in answered:
-                    continue
-                if call["id"] not in dispatched:
-                    drafts.append(
-                        EventDraft("tool/call", {"turn": turn, "step": step.step, "callId": call["id"], "name": call["name"], "arguments": call["arguments"]})
-                    )
-                    code = "TOOL_ABORTED_BEFORE_DISPATCH"
-                    text = "Error: tool call aborted before dispatch"
-                else:
-                    code = "TOOL_ABORTED"
-                    text = "Error: tool call aborted"
-                drafts.append(
-                    EventDraft("tool/result", _tool_result(turn, step.step, call["id"], text, {"name": "AbortError", "code": code}), "append")
-                )
-        drafts.append(EventDraft("step/end", {"turn": turn, "step": step.step}))
-        await s.append_batch(drafts)
-
-
-def _logged_in_step(s: SessionHandle, turn: int, step: int) -> tuple[bool, set[str], set[str]] | None:
-    """What the log holds for the open ``step`` of ``turn``: whether its assistant
-    message is logged, the call ids of its ``tool/call``s and of its ``tool/result``s.
-    ``None`` when that step is not open (closed, or never started)."""
-    events = s.events
-    message = False
-    calls: set[str] = set()
-    results: set[str] = set()
-    for i in range(len(events) - 1, -1, -1):
-        ev = events[i]
-        t = ev.type
-        data: Any = ev.data  # shapes the invariants guarantee for these types
-        if t == "step/start":
-            return (message, calls, results) if (data["turn"], data["step"]) == (turn, step) else None
-        if t in ("step/end", "turn/start", "turn/end"):
-            return None
-        if t == "assistant/message":
-            message = True
-        elif t == "tool/call":
-            calls.add(data["callId"])
-        elif t == "tool/result":
-            results.update(
-                b["toolCallId"] for b in data["message"]["content"] if b.get("type") == "tool-result"
-            )
-    return None
-
-
-def _as_append(draft: EventDraft) -> tuple[str, Any]:
-    return draft.type, draft.data
-
-
-def _turn_started(s: SessionHandle, turn: int) -> bool:
-    """Whether ``turn/start`` of ``turn`` is the log's latest turn boundary."""
-    events = s.events
-    for i in range(len(events) - 1, -1, -1):
-        ev = events[i]
-        if ev.type in ("turn/start", "turn/end"):
-            data: Any = ev.data
-            return ev.type == "turn/start" and data["turn"] == turn
-    return False
-
-
-def _user_message(text: str) -> dict[str, Any]:
-    return {"id": str(uuid.uuid4()), "role": "user", "content": [{"type": "text", "text": text}], "source": {"kind": "user"}}
-
-
-def _assistant_message(provider: ModelProvider, content: list[dict[str, Any]]) -> dict[str, Any]:
-    return {
-        "id": str(uuid.uuid4()),
-        "role": "assistant",
-        "content": content,
-        "source": {"kind": "model", "provider": provider.name, "model": provider.model},
-    }
-
-
-def _tool_result(turn: int, step: int, call_id: str, text: str, error: dict[str, str] | None) -> dict[str, Any]:
-    block: dict[str, Any] = {"type": "tool-result", "toolCallId": call_id, "content": [{"type": "text", "text": text}]}
-    if error is not None:
-        block["isError"] = True
-    data: dict[str, Any] = {
-        "turn": turn,
-        "step": step,
-        "message": {"id": str(uuid.uuid4()), "role": "user", "content": [block], "source": {"kind": "tool", "callId": call_id}},
-    }
-    if error is not None:
-        data["error"] = error
-    return data
+if TYPE_CHECKING:
+    # What the hooks see of an agent (harness.agent._hooks.AgentView) is this class.
+    _conforms: type[AgentView] = Agent

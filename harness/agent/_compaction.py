@@ -10,12 +10,13 @@ from __future__ import annotations
 import logging
 import weakref
 from collections.abc import Callable, Mapping
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, cast
 
 import trio
 
-from harness.agent._agent import Agent, AgentBusyError, AgentCancelledError, AgentDisposedError
-from harness.agent._hooks import RequestErrorContext, Retry, Status, StepContext
+from harness.agent._agent import Agent
+from harness.agent._hooks import AgentView, RequestErrorContext, Retry, Status, StepContext
+from harness.agent._types import AgentBusyError, AgentCancelledError, AgentDisposedError
 from harness.compaction import (
     BasicCompactionConfig,
     SummarizationInput,
@@ -289,7 +290,7 @@ class AgentCompaction:
 
     async def _on_pre_step(self, context: StepContext) -> None:
         """Pressure before every step; never fails the step (errors are warnings)."""
-        agent = context.agent
+        agent = _installed(context.agent)
         if _cancelled(agent):
             return  # §6.3: an aborted step goes straight on, without a model-info lookup
         try:
@@ -307,7 +308,7 @@ class AgentCompaction:
     async def _on_request_error(self, context: RequestErrorContext) -> Retry | None:
         """Context-overflow recovery: compact, and retry the request in the same step
         only when the surface provably changed (the replace generation advanced)."""
-        agent = context.agent
+        agent = _installed(context.agent)
         if context.error.code != "CONTEXT_WINDOW_EXCEEDED" or _cancelled(agent):
             return None
         s = agent.session
@@ -339,9 +340,9 @@ class AgentCompaction:
         self._count_overflow(agent)
         return Retry()
 
-    def _on_status(self, agent: Agent, status: Status) -> None:
+    def _on_status(self, view: AgentView, status: Status) -> None:
         if status == "idle":
-            self._overflow.pop(agent, None)
+            self._overflow.pop(_installed(view), None)
 
     def overflow_retries(self, agent: Agent) -> int:
         """The overflow retries counted for ``agent`` since it was last idle or the
@@ -357,6 +358,12 @@ class AgentCompaction:
 
     def _count_overflow(self, agent: Agent) -> None:
         self._overflow[agent] = (self.overflow_retries(agent) + 1, _latest_assistant(agent.session))
+
+
+def _installed(view: AgentView) -> Agent:
+    # The hooks name the agent by its protocol (they sit below it); the agent these
+    # listeners were installed on (install) is an Agent, the protocol's one implementation.
+    return cast(Agent, view)
 
 
 def _cancelled(agent: Agent) -> bool:

@@ -1,13 +1,13 @@
 """The agent loop's hook points: ``agent/pre-step``, ``agent/request-error`` and status.
 
-Plugins (compaction is the first) attach to an :class:`Agent` here instead of
+Plugins (compaction is the first) attach to an :class:`~harness.agent.Agent` here instead of
 subclassing it. Every registration returns a function that removes it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, Protocol, TypeVar
 
 import attrs
 
@@ -15,9 +15,53 @@ from harness.providers import ProviderError
 from harness.session import FrozenDict
 
 if TYPE_CHECKING:
-    from harness.agent._agent import Agent
+    from harness.agent._tools import ToolSet
+    from harness.agent._types import AbortKind, Delivery, Phase, TurnResult
+    from harness.persistence import CheckpointPolicy
+    from harness.providers import ModelProvider
+    from harness.runtime import SessionHandle
 
 Status = Literal["idle", "running"]
+T = TypeVar("T")
+
+
+class AgentView(Protocol):
+    """The agent as its hooks see it: every public member of
+    :class:`harness.agent.Agent`, the one implementation (mypy checks that it conforms;
+    tests/test_layers.py that nothing public of it is missing here). Declared here so
+    that the hooks need not import the agent, which imports them."""
+
+    session: SessionHandle
+    provider: ModelProvider
+    tools: ToolSet
+    system: str | None
+    max_tokens: int | None
+    checkpoint: CheckpointPolicy | None
+    hooks: AgentHooks
+    close_grace: float
+    max_tool_arguments: int
+    disposed: bool
+
+    @property
+    def id(self) -> str: ...
+    @property
+    def busy(self) -> bool: ...
+    @property
+    def phase(self) -> Phase: ...
+    @property
+    def status(self) -> Status: ...
+    @property
+    def inbox(self) -> dict[str, tuple[FrozenDict, ...]]: ...
+    def cancel(self, kind: AbortKind = "user") -> None: ...
+    def cancel_requested(self) -> bool: ...
+    def in_turn(self) -> bool: ...
+    async def wait_idle(self) -> None: ...
+    async def send(self, text: str, *, delivery: Delivery = "follow-up") -> str: ...
+    def inject_nowait(self, text: str) -> str: ...
+    async def clear_inbox(self) -> int: ...
+    async def run_queued(self) -> list[TurnResult]: ...
+    async def run_maintenance(self, task: Callable[[], Awaitable[T]]) -> T: ...
+    async def run_turn(self, text: str) -> TurnResult: ...
 
 
 @attrs.frozen
@@ -26,7 +70,7 @@ class StepContext:
     messages claimed for it (not on the surface yet: they are appended after
     ``step/start``)."""
 
-    agent: Agent
+    agent: AgentView
     turn: int
     step: int
     claimed: tuple[FrozenDict, ...]
@@ -37,7 +81,7 @@ class RequestErrorContext:
     """A model request of ``turn``/``step`` failed with ``error``; the step is still
     open. ``attempt`` counts the requests of this step (1 for the first)."""
 
-    agent: Agent
+    agent: AgentView
     turn: int
     step: int
     error: ProviderError
@@ -60,7 +104,7 @@ class CheckpointContext:
     otherwise). ``durable_seq``: the session's length the flush covered (every event
     before it is durable)."""
 
-    agent: Agent
+    agent: AgentView
     turn: int
     step: int
     point: CheckpointPoint
@@ -71,7 +115,7 @@ class CheckpointContext:
 PreStepHook = Callable[[StepContext], Awaitable[None]]
 CheckpointListener = Callable[[CheckpointContext], None]
 RequestErrorHook = Callable[[RequestErrorContext], Awaitable["Retry | None"]]
-StatusListener = Callable[["Agent", Status], None]
+StatusListener = Callable[[AgentView, Status], None]
 
 
 def _remover(items: list[object], item: object) -> Callable[[], None]:

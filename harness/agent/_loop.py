@@ -14,13 +14,14 @@ import attrs
 import trio
 
 from actors import Lifetime, LifetimeClosedError, Owner, bind_all, run_abandonable, run_bounded
-from harness.agent._agent import Agent, TurnResult, check_max_tokens
+from harness.agent._agent import Agent
 from harness.agent._commands import Commands, install_compact_command
 from harness.agent._compaction import AgentCompaction
 from harness.agent._hooks import Status
+from harness.agent._points import FaultPoints
 from harness.agent._tools import ToolSet
+from harness.agent._types import TurnResult, check_max_tokens
 from harness.errors import HarnessError, SessionArgumentError, SessionOwnerClosedError
-from harness.faults._points import FaultPoints
 from harness.persistence import CheckpointPolicy, Persistence, SessionPreparation
 from harness.providers import ModelProvider
 from harness.runtime import SessionHandle, SessionSnapshot, Store

@@ -96,7 +96,7 @@ def _event_stream(arguments: str) -> bytes:
 
 def _provider_parse(body: bytes, size: int) -> float:
     from harness.providers import ToolCallDelta
-    from harness.providers._openai import _ReplyMapper
+    from harness.providers._openai_reply import _ReplyMapper
     from harness.providers._sse import SSEParser
 
     parser, mapper = SSEParser(), _ReplyMapper("bench")

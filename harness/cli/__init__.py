@@ -8,13 +8,9 @@ imports its heavy dependencies only when it runs, so ``harness --help`` stays fa
 
 from __future__ import annotations
 
-from typing import Any, Final
-
 import click
 
-from harness.cli._output import ROOT_ENV, default_root
-
-CONTEXT: Final[dict[str, Any]] = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
+from harness.cli._output import CONTEXT, ROOT_ENV, default_root
 
 
 def app() -> click.Group:

@@ -9,10 +9,14 @@ import shutil
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Final
+from typing import IO, TYPE_CHECKING, Any, Final
 
 if TYPE_CHECKING:
+    import click
     from rich.console import Console
+
+CONTEXT: Final[dict[str, Any]] = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
+"""The Click context settings of every command."""
 
 ROOT_ENV: Final = "HARNESS_SESSIONS_ROOT"
 NO_CLIP: Final = 1 << 30
@@ -106,3 +110,13 @@ def progress(stream: IO[str], label: str, total: int | None) -> Iterator[Callabl
 
     with bar:
         yield advance
+
+
+def run_alone(command: click.Command, argv: list[str]) -> None:
+    """Run ``harness ARGV`` where ``argv[0]`` names ``command``, with only that command in
+    the group (``python -m harness.cli.chat``, ``harness.cli.sessions.run``): usage lines
+    and errors read as under the full ``harness`` group, which sits above the command
+    modules (they do not import it). Exits with the command's status."""
+    import click
+
+    click.Group("harness", commands=[command], context_settings=CONTEXT).main(args=argv, prog_name="harness")

@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 import click
 
-from harness.cli import CONTEXT
+from harness.cli._output import CONTEXT
 
 
 def passthrough(

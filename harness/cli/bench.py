@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from harness.cli import CONTEXT
+from harness.cli._output import CONTEXT
 
 
 def _workload_list() -> str:

@@ -45,7 +45,7 @@ def command() -> Any:
     """The ``harness chat`` Click command; it runs :func:`run` on the parsed options."""
     import click
 
-    from harness.cli import CONTEXT
+    from harness.cli._output import CONTEXT
 
     @click.command("chat", context_settings=CONTEXT)
     @click.option("--root", metavar="DIR", default=None, help=f"session store directory (default: {default_root()})")
@@ -83,9 +83,9 @@ def command() -> Any:
 
 def main(argv: list[str] | None = None) -> None:
     """``python -m harness.cli.chat ARGS``: ``harness chat ARGS``."""
-    from harness.cli import main as harness_main
+    from harness.cli._output import run_alone
 
-    harness_main(["chat", *(sys.argv[1:] if argv is None else argv)])
+    run_alone(command(), ["chat", *(sys.argv[1:] if argv is None else argv)])
 
 
 def run(args: argparse.Namespace, *, stdout: TextIO | None = None, stdin_fd: int = 0) -> int:

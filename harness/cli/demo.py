@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import click
 
-from harness.cli import CONTEXT
+from harness.cli._output import CONTEXT
 
 
 def command() -> click.Command:

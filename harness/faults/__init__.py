@@ -12,24 +12,17 @@
   :class:`FailingFiles`; named :class:`FaultPoints`.
 """
 
+from harness.agent._points import FaultPoints
 from harness.faults._backends import check_at_rest, make_backend, plain_backend, track_session
 from harness.faults._explore import (
     LIBRARY_ERRORS,
-    Attempt,
-    ExploreReport,
-    Group,
     Probe,
-    ReplayKey,
     Scenario,
     ScenarioError,
     ScenarioFn,
     Settings,
     TaskInfo,
-    TaskSite,
-    Violation,
     explore,
-    group_violations,
-    normalise,
     step_plan,
 )
 from harness.faults._files import MUTATING_KINDS, FailingFiles, FaultyFiles
@@ -43,8 +36,17 @@ from harness.faults._invariants import (
     open_compaction,
 )
 from harness.faults._io import explore_crash, explore_io, kill_campaign, replay
-from harness.faults._points import FaultPoints
 from harness.faults._power import POWER_LOSS_KINDS, PowerLossFiles
+from harness.faults._report import (
+    Attempt,
+    ExploreReport,
+    Group,
+    ReplayKey,
+    TaskSite,
+    Violation,
+    group_violations,
+    normalise,
+)
 from harness.faults._sqlite_faults import SqliteFaults
 from harness.persistence._files import SimulatedCrash
 

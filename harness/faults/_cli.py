@@ -15,8 +15,9 @@ from typing import Any, Final, TextIO
 import attrs
 
 from harness.faults._backends import BACKENDS, postgres_server
-from harness.faults._explore import ExploreReport, ProgressFn, ReplayKey, Scenario, explore
+from harness.faults._explore import ProgressFn, Scenario, explore
 from harness.faults._io import explore_crash, explore_io, kill_campaign, replay
+from harness.faults._report import ExploreReport, ReplayKey
 
 MODES: Final = ("checkpoints", "io", "crash")
 POSTGRES: Final = "postgres"

@@ -39,14 +39,10 @@ from harness.faults._backends import (
     uses_files,
 )
 from harness.faults._explore import (
-    Attempt,
-    ExploreReport,
     ProgressFn,
-    ReplayKey,
     Scenario,
     ScenarioFn,
     Settings,
-    Violation,
     _settings_of,
     as_scenario,
     run_attempt,
@@ -56,6 +52,7 @@ from harness.faults._explore import replay as replay_checkpoint
 from harness.faults._files import FaultyFiles
 from harness.faults._invariants import check_durable, check_stored
 from harness.faults._power import PowerLossFiles
+from harness.faults._report import Attempt, ExploreReport, ReplayKey, Violation
 from harness.faults._sqlite_faults import SqliteFaults
 from harness.persistence._files import SimulatedCrash
 

@@ -16,7 +16,7 @@ import trio
 from harness.errors import PersistedSessionNotFoundError
 from harness.faults._backends import make_backend_at
 from harness.faults._io import KILL_SESSION
-from harness.faults._scenarios import turn_batches
+from harness.faults._scenarios._frame import turn_batches
 from harness.persistence import open_persistence
 from harness.runtime import open_store
 

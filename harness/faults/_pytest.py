@@ -8,6 +8,7 @@ from typing import Final
 
 import pytest
 
+from harness.faults._checkpoints import ExploreCheckpoints
 from harness.faults._explore import Probe
 
 _EXPLORE_OPTIONS: Final = frozenset(
@@ -53,7 +54,5 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
 
     options = dict(marker.kwargs)
     options.setdefault("name", pyfuncitem.name.replace(":", "_"))
-    from harness.testing import ExploreCheckpoints
-
     ExploreCheckpoints(pyfuncitem.name.replace(":", "_"))(body, **options)
     return True

@@ -45,13 +45,8 @@ from harness.providers._protocol import (
 )
 
 if TYPE_CHECKING:
-    from harness.providers._openai import (
-        DEEPSEEK,
-        Endpoint,
-        OpenAICompatibleProvider,
-        RetryPolicy,
-        Timeouts,
-    )
+    from harness.providers._openai import OpenAICompatibleProvider
+    from harness.providers._openai_config import DEEPSEEK, Endpoint, RetryPolicy, Timeouts
 
 # The OpenAI-compatible provider needs httpx: imported on first use, so that the
 # protocol (and everything built on it) does not pay for it.
@@ -60,9 +55,9 @@ _OPENAI = ("DEEPSEEK", "Endpoint", "OpenAICompatibleProvider", "RetryPolicy", "T
 
 def __getattr__(name: str) -> Any:
     if name in _OPENAI:
-        from harness.providers import _openai
+        from harness.providers import _openai, _openai_config
 
-        return getattr(_openai, name)
+        return getattr(_openai if name == "OpenAICompatibleProvider" else _openai_config, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 

@@ -5,6 +5,10 @@ DeepSeek is the default endpoint (:data:`DEEPSEEK`); any service that speaks
 :class:`Endpoint` of its own. docs/providers.md describes the mapping and the
 decisions (content filter, retries, reasoning replay).
 
+This module is the transport: the provider, its streamed request (connection,
+retries, error mapping); the configuration, the request body and the reply mapping
+live in ``_openai_config``, ``_openai_request`` and ``_openai_reply``.
+
 The stream is a small class, not an async generator: the connection has to be
 released at once when the consumer is cancelled or stops reading, not when a garbage
 collector's finalizer gets to it. For the same reason the request body is a plain
@@ -25,16 +29,13 @@ import ssl
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Mapping
-from types import MappingProxyType
-from typing import Any, Final, Literal, TypeAlias, final
+from typing import Any, Final, Literal, final
 
-import attrs
 import httpx
 import orjson
 import trio
 
 from harness.providers._errors import (
-    ContentFilteredError,
     ProviderAuthError,
     ProviderConnectionError,
     ProviderRequestError,
@@ -43,135 +44,48 @@ from harness.providers._errors import (
     TruncatedStreamError,
 )
 from harness.providers._models import ModelInfo
+from harness.providers._openai_config import (
+    DEEPSEEK,
+    Endpoint,
+    ReasoningReplay,
+    RetryPolicy,
+    Timeouts,
+)
+from harness.providers._openai_reply import _Item, _ReplyMapper
+from harness.providers._openai_request import chat_request_body
 from harness.providers._protocol import (
-    MAX_TOOL_ARGUMENTS,
     ContextWindowExceededError,
-    Finish,
     ModelRequest,
     ProviderError,
     ProviderStreamError,
     RateLimitedError,
-    ReasoningDelta,
     StreamChunk,
-    TextDelta,
-    ToolArgumentsTooLargeError,
-    ToolCallDelta,
-    ToolSpec,
-    Usage,
 )
 from harness.providers._sse import SSEEvent, SSEFormatError, SSEParser
-from harness.session import thaw
 
 log = logging.getLogger("harness.providers.openai")
 
-ReasoningReplay: TypeAlias = Literal["never", "tool-calls", "always"]
-_Item: TypeAlias = StreamChunk | ProviderError
 
 #: An error body is read up to this many bytes (the rest is not worth waiting for).
 _ERROR_BODY_LIMIT: Final = 64 * 1024
+
+
 _CONTEXT_MESSAGE = re.compile(
     r"context[ _-]?(length|window)|maximum context|too many tokens|prompt is too long|reduce the length",
     re.IGNORECASE,
 )
+
+
 _CONTEXT_CODES: Final = frozenset({"context_length_exceeded", "context_window_exceeded", "string_above_max_length"})
+
+
 _RETRYABLE: Final = (RateLimitedError, ProviderServerError, ProviderConnectionError, ProviderTimeoutError, TruncatedStreamError)
-
-
-# -- configuration ------------------------------------------------------------------------------
-
-
-def _frozen_windows(windows: Mapping[str, int]) -> Mapping[str, int]:
-    return MappingProxyType(dict(windows))
-
-
-def _frozen_headers(headers: Mapping[str, Mapping[str, str]]) -> Mapping[str, Mapping[str, str]]:
-    return MappingProxyType({k: MappingProxyType(dict(v)) for k, v in headers.items()})
-
-
-@attrs.frozen
-class Endpoint:
-    """Where a provider talks to and what it knows about the service's models.
-
-    ``api_key_env`` names the environment variable holding the key (read when the
-    provider is built; ``None``: no key). ``context_windows`` maps model names to their
-    windows (``ModelInfo.context_window``). ``reasoning_replay``: which reasoning is sent
-    back as ``reasoning_content`` (see docs/providers.md). ``purpose_headers`` adds
-    headers to requests of a given ``ModelRequest.purpose`` (the reference's DeepSeek
-    adapter flags compaction requests).
-    """
-
-    name: str
-    base_url: str
-    default_model: str
-    api_key_env: str | None = None
-    context_windows: Mapping[str, int] = attrs.field(factory=dict, converter=_frozen_windows)
-    reasoning_replay: ReasoningReplay = "never"
-    purpose_headers: Mapping[str, Mapping[str, str]] = attrs.field(factory=dict, converter=_frozen_headers)
-
-
-DEEPSEEK: Final = Endpoint(
-    name="deepseek",
-    base_url="https://api.deepseek.com",
-    default_model="deepseek-chat",
-    api_key_env="DEEPSEEK_API_KEY",
-    context_windows={"deepseek-chat": 128_000, "deepseek-reasoner": 128_000},
-    reasoning_replay="tool-calls",
-    purpose_headers={"compaction": {"x-deepseek-harness-compact": "1"}},
-)
-
-
-@attrs.frozen
-class Timeouts:
-    """Seconds. ``read`` is an idle timeout: the longest silence between two reads of
-    the stream (keep-alive comments count as traffic). ``close`` bounds releasing a
-    connection (shielded) when a stream ends or is cancelled."""
-
-    connect: float = 10.0
-    read: float = 300.0
-    write: float = 30.0
-    pool: float = 10.0
-    close: float = 5.0
-
-
-@attrs.frozen
-class RetryPolicy:
-    """Bounded retries of a request that failed before any chunk was yielded: HTTP 429,
-    408 and 5xx, connection failures, timeouts, a stream cut before its first chunk.
-
-    The n-th retry (n = 0, 1, ...) waits ``min(max_delay, initial_delay * 2**n)``, less
-    up to ``jitter`` of it at random; a ``Retry-After`` (or ``retry-after-ms``) the
-    service sent is waited instead, unless it is longer than ``max_retry_after``: then
-    the error is raised at once, carrying ``retry_after_ms`` for the caller to decide.
-    ``max_retries=0`` disables retries.
-    """
-
-    max_retries: int = 3
-    initial_delay: float = 0.5
-    max_delay: float = 20.0
-    jitter: float = 0.2
-    max_retry_after: float = 60.0
-
-    def __attrs_post_init__(self) -> None:
-        if self.max_retries < 0 or self.initial_delay < 0 or self.max_delay < 0 or not 0 <= self.jitter <= 1:
-            raise ValueError(f"invalid retry policy {self!r}")
-
-    def delay(self, retry: int, retry_after: float | None, rng: random.Random) -> float | None:
-        """Seconds to wait before retry number ``retry`` (0-based); ``None``: do not."""
-        if retry >= self.max_retries:
-            return None
-        if retry_after is not None:
-            return None if retry_after > self.max_retry_after else max(0.0, retry_after)
-        base: float = min(self.max_delay, self.initial_delay * 2.0**retry)
-        return base * (1.0 - self.jitter * rng.random())
 
 
 @functools.cache
 def _ssl_context() -> ssl.SSLContext:
     # Building one loads the CA bundle (~30 ms): do it once per process.
     return httpx.create_ssl_context()
-
-
-# -- the provider -------------------------------------------------------------------------------
 
 
 @final
@@ -328,301 +242,6 @@ class OpenAICompatibleProvider:
         return text.replace(key, "[redacted]") if key and len(key) >= 4 else text
 
 
-# -- the request --------------------------------------------------------------------------------
-
-
-def chat_request_body(
-    request: ModelRequest,
-    *,
-    reasoning_replay: ReasoningReplay = "never",
-    extra_body: Mapping[str, Any] | None = None,
-) -> dict[str, Any]:
-    """The JSON body of a streamed chat-completions request for ``request``."""
-    body: dict[str, Any] = {
-        "model": request.model,
-        "messages": chat_messages(request, reasoning_replay=reasoning_replay),
-        "stream": True,
-        "stream_options": {"include_usage": True},
-    }
-    if request.tools:
-        body["tools"] = [_tool_spec(t) for t in request.tools]
-    if request.max_tokens is not None:
-        body["max_tokens"] = request.max_tokens
-    if extra_body:
-        body.update(extra_body)
-    return body
-
-
-def _tool_spec(tool: ToolSpec) -> dict[str, Any]:
-    return {
-        "type": "function",
-        "function": {"name": tool.name, "description": tool.description, "parameters": thaw(tool.parameters)},
-    }
-
-
-def chat_messages(request: ModelRequest, *, reasoning_replay: ReasoningReplay = "never") -> list[dict[str, Any]]:
-    """The surface messages as OpenAI chat messages.
-
-    * the system prompt first;
-    * a user message: its ``tool-result`` blocks become ``tool`` messages (in order,
-      first: they answer the preceding assistant message), its text blocks one
-      ``user`` message (blocks joined by newlines; a block of another kind is named in
-      brackets, e.g. ``[image omitted]``);
-    * an assistant message: its text blocks as ``content``, its ``tool-call`` blocks as
-      ``tool_calls``; its reasoning as ``reasoning_content`` only as
-      ``reasoning_replay`` says (``tool-calls``: in a turn that called tools, DeepSeek's
-      thinking-mode rule; ``always``; ``never``). An assistant message left with
-      neither text nor calls (e.g. reasoning only, interrupted) is not sent.
-    """
-    out: list[dict[str, Any]] = []
-    if request.system:
-        out.append({"role": "system", "content": request.system})
-    messages = [thaw(m) for m in request.messages]
-    replay = _replayed_reasoning(messages, reasoning_replay)
-    for i, m in enumerate(messages):
-        role = m.get("role")
-        blocks = m.get("content") or []
-        if role == "assistant":
-            texts: list[str] = []
-            reasoning: list[str] = []
-            calls: list[dict[str, Any]] = []
-            for b in blocks:
-                kind = b.get("type")
-                if kind == "text":
-                    texts.append(str(b.get("text", "")))
-                elif kind == "reasoning":
-                    reasoning.append(str(b.get("text", "")))
-                elif kind == "tool-call":
-                    calls.append(
-                        {
-                            "id": str(b.get("id")),
-                            "type": "function",
-                            "function": {"name": str(b.get("name")), "arguments": str(b.get("arguments") or "{}")},
-                        }
-                    )
-            text = "\n".join(t for t in texts if t)
-            if not text and not calls:
-                continue
-            msg: dict[str, Any] = {"role": "assistant", "content": text}
-            if calls:
-                msg["tool_calls"] = calls
-            thought = "".join(reasoning)
-            if thought and i in replay:
-                msg["reasoning_content"] = thought
-            out.append(msg)
-        elif role == "system":
-            out.append({"role": "system", "content": _joined(blocks)})
-        else:
-            texts = []
-            for b in blocks:
-                kind = b.get("type")
-                if kind == "tool-result":
-                    out.append({"role": "tool", "tool_call_id": str(b.get("toolCallId")), "content": _joined(b.get("content") or [])})
-                elif kind == "text":
-                    texts.append(str(b.get("text", "")))
-                else:
-                    texts.append(f"[{kind} omitted]")
-            if texts:
-                out.append({"role": "user", "content": "\n".join(texts)})
-    return out
-
-
-def _joined(blocks: Any) -> str:
-    if isinstance(blocks, str):
-        return blocks
-    parts = []
-    for b in blocks:
-        kind = b.get("type") if isinstance(b, dict) else None
-        parts.append(str(b.get("text", "")) if kind == "text" else f"[{kind} omitted]")
-    return "\n".join(parts)
-
-
-def _replayed_reasoning(messages: list[dict[str, Any]], policy: ReasoningReplay) -> set[int]:
-    """Indices of the assistant messages whose reasoning is sent back."""
-    assistants = {i for i, m in enumerate(messages) if m.get("role") == "assistant"}
-    if policy == "always":
-        return assistants
-    if policy == "never":
-        return set()
-    # "tool-calls": every assistant message of a turn (the messages between two user
-    # prompts) in which the model called a tool.
-    out: set[int] = set()
-    turn: list[int] = []
-    called = False
-    for i, m in enumerate(messages):
-        blocks = m.get("content") or []
-        if m.get("role") == "user" and any(b.get("type") != "tool-result" for b in blocks):
-            if called:
-                out.update(turn)
-            turn, called = [], False
-        elif i in assistants:
-            turn.append(i)
-            called = called or any(b.get("type") == "tool-call" for b in blocks)
-    if called:
-        out.update(turn)
-    return out
-
-
-# -- the reply ----------------------------------------------------------------------------------
-
-
-class _Call:
-    __slots__ = ("announced", "block", "buffered", "held", "id", "name")
-
-    def __init__(self, block: int) -> None:
-        self.block = block
-        self.id: str | None = None
-        self.name: str | None = None
-        # Fragments held back until the name arrives: pieces joined once (``+=`` on
-        # the attribute copied the whole text per fragment, issue 24 §2), ``held``
-        # their length in characters.
-        self.buffered: list[str] = []
-        self.held = 0
-        self.announced = False
-
-
-class _ReplyMapper:
-    """Chat-completion chunks (parsed JSON) to protocol chunks.
-
-    Content blocks are numbered in order of appearance: a run of reasoning deltas is
-    one block, a run of text deltas another, each tool call its own. Tool-call
-    fragments are keyed by their ``index``; the first :class:`ToolCallDelta` of a call
-    carries its id and name (fragments that arrive before the name are held back).
-    Usage and the finish are emitted at the end, in that order.
-    """
-
-    def __init__(self, provider: str) -> None:
-        self._provider = provider
-        self._blocks = 0
-        self._current: tuple[str, int] | None = None
-        self._calls: dict[int, _Call] = {}
-        self._usage: Usage | None = None
-        self.finish: str | None = None
-
-    def _block(self, kind: str) -> int:
-        if self._current is None or self._current[0] != kind:
-            self._current = (kind, self._blocks)
-            self._blocks += 1
-        return self._current[1]
-
-    def feed(self, chunk: dict[str, Any]) -> list[_Item]:
-        out: list[_Item] = []
-        usage = chunk.get("usage")
-        if isinstance(usage, dict):
-            self._usage = Usage(_int(usage.get("prompt_tokens")), _int(usage.get("completion_tokens")))
-        choices = chunk.get("choices")
-        if not isinstance(choices, list):
-            return out
-        for choice in choices:
-            if not isinstance(choice, dict) or choice.get("index", 0) != 0:
-                continue  # n=1: the first choice only
-            delta = choice.get("delta")
-            if isinstance(delta, dict):
-                self._delta(delta, out)
-            reason = choice.get("finish_reason")
-            if reason:
-                error = self._finish(str(reason))
-                if error is not None:
-                    out.append(error)
-        return out
-
-    def _delta(self, delta: dict[str, Any], out: list[_Item]) -> None:
-        thought = delta.get("reasoning_content")
-        if isinstance(thought, str) and thought:
-            out.append(ReasoningDelta(self._block("reasoning"), thought))
-        text = delta.get("content")
-        if isinstance(text, str) and text:
-            out.append(TextDelta(self._block("text"), text))
-        calls = delta.get("tool_calls")
-        if isinstance(calls, list):
-            for fragment in calls:
-                if isinstance(fragment, dict):
-                    self._call(fragment, out)
-
-    def _call(self, fragment: dict[str, Any], out: list[_Item]) -> None:
-        key = fragment.get("index")
-        if type(key) is not int:
-            # No index (some servers): a new id, or a name when the last call has one,
-            # opens a call; anything else continues the last.
-            fid = fragment.get("id")
-            fn = fragment.get("function")
-            named = isinstance(fn, dict) and bool(fn.get("name"))
-            last = self._calls[max(self._calls)] if self._calls else None
-            # Only a string id names a call (a list id from a broken server would be
-            # unhashable here: issue 16).
-            fresh_id = isinstance(fid, str) and fid and fid not in {c.id for c in self._calls.values()}
-            new = last is None or fresh_id or (named and last.name)
-            key = len(self._calls) if new else max(self._calls)
-        call = self._calls.get(key)
-        if call is None:
-            self._current = None
-            call = self._calls[key] = _Call(self._blocks)
-            self._blocks += 1
-        fid = fragment.get("id")
-        if isinstance(fid, str) and fid and call.id is None:
-            call.id = fid
-        fn = fragment.get("function")
-        fn = fn if isinstance(fn, dict) else {}
-        name = fn.get("name")
-        if isinstance(name, str) and name and call.name is None:
-            call.name = name
-        args = fn.get("arguments")
-        args = args if isinstance(args, str) else ""
-        if call.announced:
-            if args:
-                out.append(ToolCallDelta(call.block, self._call_id(key, call), args))
-        elif call.name is not None:
-            call.announced = True
-            call.buffered.append(args)
-            out.append(ToolCallDelta(call.block, self._call_id(key, call), "".join(call.buffered), call.name))
-            call.buffered = []
-        elif args:
-            call.held += len(args)
-            if call.held > MAX_TOOL_ARGUMENTS:
-                out.append(
-                    ToolArgumentsTooLargeError(
-                        f"{self._provider}: tool call {key} streamed more than {MAX_TOOL_ARGUMENTS} characters of arguments without a name",
-                        call_id=call.id,
-                        limit=MAX_TOOL_ARGUMENTS,
-                    )
-                )
-                return
-            call.buffered.append(args)
-
-    def _call_id(self, key: int, call: _Call) -> str:
-        if call.id is None:
-            call.id = f"call_{key}"
-        return call.id
-
-    def _finish(self, reason: str) -> ProviderError | None:
-        if reason == "stop":
-            self.finish = "tool-calls" if self._calls else "stop"
-        elif reason in ("tool_calls", "function_call"):
-            self.finish = "tool-calls"
-        elif reason == "length":
-            self.finish = "length"
-        elif reason == "content_filter":
-            return ContentFilteredError(f"{self._provider}: the reply was stopped by the content filter")
-        elif reason == "insufficient_system_resource":
-            return ProviderServerError(f"{self._provider}: the reply was interrupted (insufficient system resource)")
-        else:
-            return ProviderStreamError(f"{self._provider}: unknown finish reason {reason!r}")
-        return None
-
-    def end(self) -> list[_Item]:
-        """What closes the reply once the service said it is complete."""
-        if self.finish is None:
-            return [TruncatedStreamError(f"{self._provider}: the stream ended without a finish reason")]
-        unnamed = [k for k, c in self._calls.items() if not c.announced]
-        if unnamed:
-            return [ProviderStreamError(f"{self._provider}: tool call(s) {unnamed} arrived without a name")]
-        out: list[_Item] = []
-        if self._usage is not None:
-            out.append(self._usage)
-        out.append(Finish(self.finish))
-        return out
-
-
 class _Body(httpx.AsyncByteStream):
     """The request body. httpx's own byte streams iterate with an async generator,
     which a cancellation during the upload would leave suspended for the garbage
@@ -656,10 +275,6 @@ async def _exhaust(raw: AsyncIterator[bytes]) -> None:
             await raw.__anext__()
     except (StopAsyncIteration, httpx.HTTPError):
         pass
-
-
-def _int(value: object) -> int:
-    return value if type(value) is int and value >= 0 else 0
 
 
 class _ChatStream:

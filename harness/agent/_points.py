@@ -1,4 +1,7 @@
-"""Named fault points: checkpoints where a test can inject an action (e.g. a cancel)."""
+"""Named fault points: checkpoints where a test can inject an action (e.g. a cancel).
+
+The agent loop owns them (it calls them at its named steps); ``harness.faults``, which
+sits above the agent, re-exports :class:`FaultPoints` as part of its toolkit."""
 
 from __future__ import annotations
 

@@ -1,0 +1,105 @@
+"""The write-path family: ``write-behind`` (the write window running under appends)
+and ``close-writes`` (the close writes what sessions left, under a transient fault)."""
+
+from __future__ import annotations
+
+from functools import partial
+
+import trio
+
+from harness.errors import PersistedSessionNotFoundError, PersistenceCloseError, PersistenceError
+from harness.faults._backends import (
+    check_at_rest,
+    close_backend,
+    make_backend,
+    plain_backend,
+    track_session,
+)
+from harness.faults._explore import Probe
+from harness.faults._invariants import _canonical
+from harness.faults._scenarios._frame import (
+    Caller,
+    append_turns,
+    bind_teardown,
+    check_live,
+    flush_and_acknowledge,
+    guarded,
+    rig,
+    store_run,
+)
+from harness.runtime import SessionHandle
+from harness.session import event_to_record
+
+
+async def write_behind(probe: Probe, kind: str) -> None:
+    """Turns appended in small batches with the write window running in the background,
+    a flush after every second turn, then a clean close."""
+    async with store_run(probe, kind) as run:
+        r, caller = run.rig, run.caller
+        probe.arm()
+        with caller.scope():
+            w = await guarded(probe, "create", lambda: r.store.create("w", cwd="/chaos"))
+            if w is not None:
+                track_session(probe, w)
+                for pair in ([1, 2], [3, 4]):
+                    await guarded(probe, "append", partial(append_turns, w, pair, pause=0.02))
+                    await flush_and_acknowledge(probe, w, "flush")
+        for h in await guarded(probe, "store.list", r.store.list) or []:
+            check_live(probe, h, idle=not run.interrupted)
+
+
+async def close_writes(probe: Probe, kind: str) -> None:
+    """Two sessions leave events for the close to write: ``a`` is detached with its
+    turn unwritten (its retirement runs in the background, racing the close), ``b``
+    stays live with a flushed turn and an unflushed one. Under one transient I/O fault
+    the close still loses nothing and reports nothing: the final write of a live
+    session is tried once more, and a background retirement that failed is retried
+    (or found already done by the writer's own retry). Checked against every event the
+    sessions committed, not only the acknowledged ones."""
+    backend = make_backend(probe, kind)
+    handles: list[SessionHandle] = []
+    close_error: PersistenceError | None = None
+    try:
+        try:
+            async with rig(probe, backend, write_delay=0.05) as r:
+                with trio.CancelScope() as body:
+                    caller = Caller()
+                    probe.canceller("caller", caller.cancel)
+                    bind_teardown(probe, None, r.store, body)
+                    probe.arm()
+                    with caller.scope():
+                        for sid in ("a", "b"):
+                            h = await guarded(probe, f"create {sid}", partial(r.store.create, sid, cwd="/chaos"))
+                            if h is not None:
+                                track_session(probe, h)
+                                handles.append(h)
+                                await guarded(probe, "append", partial(append_turns, h, [1]))
+                        if len(handles) == 2:
+                            await flush_and_acknowledge(probe, handles[1], "flush b")
+                            await guarded(probe, "append", partial(append_turns, handles[1], [2]))
+                        if handles and handles[0].id == "a":
+                            await guarded(probe, "detach a", partial(r.store.detach, handles[0]))
+        except* PersistenceCloseError as group:
+            close_error = group.exceptions[0]  # type: ignore[assignment]
+    finally:
+        close_backend(backend)
+    probe.disarm()
+    # With no fault, or one transient I/O fault, closing loses nothing (a cancelled
+    # caller or teardown stops the appends, not the close).
+    probe.check(close_error is None, f"closing reported a loss: {close_error}")
+    if close_error is None:
+        plain = plain_backend(probe, kind)
+        try:
+            for h in handles:
+                committed = [event_to_record(e) for e in h.events]
+                try:
+                    stored = list(plain.load(h.id).records)
+                except PersistedSessionNotFoundError:
+                    stored = []
+                probe.check(
+                    [_canonical(x) for x in stored[: len(committed)]] == [_canonical(x) for x in committed],
+                    f'session "{h.id}": {len(committed)} event(s) committed, {len(stored)} stored after the close',
+                )
+        finally:
+            close_backend(plain)
+    check_at_rest(probe, kind)
