@@ -18,6 +18,7 @@ from harness.agent._commands import (
 from harness.agent._compaction import AgentCompaction, Reason, routed_target
 from harness.agent._hooks import (
     AgentHooks,
+    AgentView,
     CheckpointContext,
     CheckpointListener,
     CheckpointPoint,
@@ -88,6 +89,7 @@ __all__ = [
     "AgentLoopError",
     "AgentSetupAbortedError",
     "AgentStatusListener",
+    "AgentView",
     "Call",
     "CheckpointContext",
     "CheckpointListener",
