@@ -95,17 +95,20 @@ def _defined_in(cls: type, name: str) -> type | None:
 
 def group_writer(backend: Backend) -> Callable[[Sequence[GroupWrite]], list[BaseException | None]] | None:
     """``backend.write_group``, unless the backend's ``append`` or ``materialize`` was
-    replaced where its ``write_group`` does not see it (a subclass overriding only
-    them, or an instance attribute: a test's fault injection, a wrapper): the round
-    then writes through them one by one (:func:`write_each`), so a replacement is
-    never silently bypassed."""
+    replaced where its ``write_group`` does not see it (a subclass overriding them
+    below the class that defines ``write_group``, or an instance attribute: a test's
+    fault injection, a wrapper): the round then writes through them one by one
+    (:func:`write_each`), so a replacement is never silently bypassed."""
     cls = type(backend)
     owner = _defined_in(cls, "write_group")
     own = getattr(backend, "__dict__", {})
     if owner is None or "append" in own or "materialize" in own:
         return None
-    if _defined_in(cls, "append") is not owner or _defined_in(cls, "materialize") is not owner:
-        return None
+    mro = cls.__mro__
+    for name in ("append", "materialize"):
+        where = _defined_in(cls, name)
+        if where is not None and mro.index(where) < mro.index(owner):
+            return None
     return backend.write_group  # type: ignore[attr-defined, no-any-return]
 
 
