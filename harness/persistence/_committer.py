@@ -130,7 +130,8 @@ def run_round(backend: Backend, jobs: Sequence[CommitJob]) -> list[BaseException
         except BaseException as exc:
             results[i] = exc
     if writes:
-        group = group_writer(backend)
+        # One batch: its plain ``append``/``materialize``, nothing to share.
+        group = group_writer(backend) if len(writes) > 1 else None
         try:
             done = group(writes) if group is not None else write_each(backend, writes)
             if len(done) != len(writes):
