@@ -130,8 +130,7 @@ def run_round(backend: Backend, jobs: Sequence[CommitJob]) -> list[BaseException
         except BaseException as exc:
             results[i] = exc
     if writes:
-        # One batch: its plain ``append``/``materialize``, nothing to share.
-        group = group_writer(backend) if len(writes) > 1 else None
+        group = group_writer(backend)
         try:
             done = group(writes) if group is not None else write_each(backend, writes)
             if len(done) != len(writes):
