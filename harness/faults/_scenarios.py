@@ -1140,6 +1140,60 @@ def _check_follow_up(probe: Probe, s: SessionHandle, *, clean: bool) -> None:
     )
 
 
+# -- group commit (issue 26) --------------------------------------------------------------------
+
+GROUP_SESSIONS: Final = ("g1", "g2", "g3")
+
+
+async def group_commit(probe: Probe, kind: str) -> None:
+    """Three sessions append a turn and flush at the same time, twice: their batches
+    meet in the group committer's rounds (``write_group``: one transaction, or one
+    round of fsyncs, for several sessions), then a clean close. Every flush that
+    returned is acknowledged for its own session; a crash mid-round must lose none of
+    them. A clean run checks that some round did carry several sessions' batches."""
+    backend = make_backend(probe, kind)
+    try:
+        async with rig(probe, backend, write_delay=60) as r:
+            with trio.CancelScope() as body:
+                caller = Caller()
+                probe.canceller("caller", caller.cancel)
+                bind_teardown(probe, None, r.store, body)
+                committer = r.persistence.committer
+                probe.arm()
+                with caller.scope():
+                    handles: list[SessionHandle] = []
+                    for sid in GROUP_SESSIONS:
+                        h = await guarded(probe, "create", partial(r.store.create, sid, cwd="/chaos"))
+                        if h is None:
+                            break
+                        track_session(probe, h)
+                        handles.append(h)
+
+                    async def turn_then_flush(h: SessionHandle, turn: int) -> None:
+                        await guarded(probe, "append", partial(append_turns, h, [turn]))
+                        await flush_and_acknowledge(probe, h, "flush")
+
+                    for turn in (1, 2):
+                        async with trio.open_nursery() as n:
+                            for h in handles:
+                                n.start_soon(turn_then_flush, h, turn)
+                interrupted = caller.cancelled or body.cancel_called
+                for h in await guarded(probe, "store.list", r.store.list) or []:
+                    check_live(probe, h, idle=not interrupted)
+                await check_runtime_live(probe, r)
+                if not interrupted and probe.canceller_name is None and probe.faults is None:
+                    probe.check(
+                        committer.batches > committer.rounds,
+                        f"clean run: no round carried more than one batch ({committer.batches} batch(es) "
+                        f"in {committer.rounds} round(s))",
+                    )
+        check_runtime_exited(probe, None)
+    finally:
+        close_backend(backend)
+    probe.disarm()
+    check_at_rest(probe, kind)
+
+
 # -- the registry -----------------------------------------------------------------------------
 
 _DEFS: Final[list[tuple[str, Callable[[Probe, str], Awaitable[None]], str, tuple[str, ...], tuple[str, ...]]]] = [
@@ -1210,6 +1264,13 @@ _DEFS: Final[list[tuple[str, Callable[[Probe, str], Awaitable[None]], str, tuple
         "write-behind",
         write_behind,
         "appends with the write window running, flushes, clean close",
+        ("caller", "teardown"),
+        ("checkpoints", "io", "crash"),
+    ),
+    (
+        "group-commit",
+        group_commit,
+        "three sessions append and flush at once, twice: their batches share group-commit rounds",
         ("caller", "teardown"),
         ("checkpoints", "io", "crash"),
     ),
