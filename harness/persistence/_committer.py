@@ -195,6 +195,9 @@ class _WriterThread:
                         return
                 fn, deliver = self._inbox.pop(0)
             deliver(outcome.capture(fn))
+            # Not kept while idle: the round's closure holds its writers, and so
+            # their sessions (a retired session must be freed by reference counting).
+            del fn, deliver
 
 
 class GroupCommitter:
