@@ -68,7 +68,7 @@ def test_chaos_table_list_replay_and_usage_errors(capsys: pytest.CaptureFixture[
     assert lines[-1].endswith("s") and " 0 violation(s) in 0 group(s)" in lines[-1]
 
     code, out, _ = chaos(capsys, "--list")
-    assert code == 0 and len([ln for ln in out.splitlines() if not ln.startswith(" ")]) == len(builtin_scenarios()) == 28
+    assert code == 0 and len([ln for ln in out.splitlines() if not ln.startswith(" ")]) == len(builtin_scenarios()) == 32
     assert "agent-turn/sqlite" in out and "agent-cancel" in out
     assert "resume/jsonl-zstd" in out and "fork/jsonl-zstd" not in out  # the zstd kind's subset
     assert "write-behind/postgres" in out and "resume/postgres" not in out  # the postgres kind's
@@ -304,10 +304,13 @@ def test_checkpoint_mode_finds_the_old_owner(monkeypatch: pytest.MonkeyPatch) ->
 
 
 def test_the_postgres_kind_runs_its_subset() -> None:
-    scenarios = select_scenarios(["write-behind/postgres", "lifecycle/postgres", "group-write/postgres"])
+    scenarios = select_scenarios(
+        ["write-behind/postgres", "lifecycle/postgres", "group-commit/postgres", "group-write/postgres"]
+    )
     assert [(s.name, s.modes) for s in scenarios] == [
         ("write-behind/postgres", ("checkpoints", "io", "crash")),
         ("lifecycle/postgres", ("io", "crash")),
+        ("group-commit/postgres", ("io", "crash")),
         ("group-write/postgres", ("io", "crash")),
     ]
     assert not [s for s in builtin_scenarios() if s.backend == "postgres" and s.name not in {x.name for x in scenarios}]
@@ -316,9 +319,11 @@ def test_the_postgres_kind_runs_its_subset() -> None:
         ("write-behind/postgres", "checkpoints"),
         ("write-behind/postgres", "io"),
         ("lifecycle/postgres", "io"),
+        ("group-commit/postgres", "io"),
         ("group-write/postgres", "io"),
         ("write-behind/postgres", "crash"),
         ("lifecycle/postgres", "crash"),
+        ("group-commit/postgres", "crash"),
         ("group-write/postgres", "crash"),
         ("sigkill/postgres", "kill"),
     ]

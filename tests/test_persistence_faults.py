@@ -9,7 +9,6 @@ import os
 import random
 import sqlite3
 import threading
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -732,36 +731,43 @@ async def test_publish_reconciles_an_enter_whose_reply_was_lost(tmp_path: Path, 
         assert not backend.lock_held(header)
 
 
-async def test_a_write_that_never_got_a_thread_leaves_no_lock(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    # Every default worker-thread token is taken by someone else: the write's thread
-    # never starts and its bounded wait overruns. Retiring must still release the
-    # lock (releases have threads of their own), and the late thread writes nothing.
+async def test_a_write_queued_behind_a_stuck_round_leaves_no_lock(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Session b's round hangs in fsync on the group committer's thread; a's batch queues
+    # for the next round and its bounded wait overruns before that round starts.
+    # Retiring a must still release its lock (releases have threads of their own), and
+    # the late round writes nothing of a's (it was withdrawn).
     monkeypatch.setattr(writer_module, "WRITE_WAIT_LIMIT", 0.2)
-    backend = JsonlBackend(tmp_path)
+    files = GatedFiles()
+    backend = JsonlBackend(tmp_path, files=files)
     header = {"id": "a", "cwd": "/w"}
-    gate = threading.Event()
-    limiter = trio.to_thread.current_default_thread_limiter()
     try:
         async with open_store() as store:
             with pytest.raises(PersistenceError):
                 async with open_persistence(store, backend) as p:
-                    s = await store.create("a", cwd="/w")
-                    await s.append("feedback/record", {"i": 0})
-                    await s.flush()
-                    limiter.total_tokens = 1
+                    a = await store.create("a", cwd="/w")
+                    b = await store.create("b", cwd="/w")
+                    for s in (a, b):
+                        await s.append("feedback/record", {"i": 0})
+                        await s.flush()
+                    files.open_gate.clear()
                     async with trio.open_nursery() as n:
-                        n.start_soon(partial(trio.to_thread.run_sync, gate.wait, 2.0))
-                        await trio.testing.wait_all_tasks_blocked()  # it holds the last token
-                        await s.append("feedback/record", {"i": 1})
+                        await b.append("feedback/record", {"i": 1})
+
+                        async def b_flush() -> None:
+                            with pytest.raises(WriterWedgedError):
+                                await b.flush()
+
+                        n.start_soon(b_flush)
+                        await trio.to_thread.run_sync(files.blocked.wait, 2.0)
+                        await a.append("feedback/record", {"i": 1})
                         with pytest.raises(WriterWedgedError):
-                            await s.flush()
-                        await store.detach(s)
+                            await a.flush()
+                        await store.detach(a)
                         await p.wait_retired("a")
                         assert not backend.lock_held(header)
-                        gate.set()
+                    files.open_gate.set()
     finally:
-        limiter.total_tokens = 40
-        gate.set()
+        files.open_gate.set()
     assert [r["seq"] for r in JsonlBackend(tmp_path).load("a").records] == [0]
 
 

@@ -36,6 +36,9 @@ class FailingFiles(OsFiles):
         self.partial = partial
         self.injected = 0
 
+    #: Its counters name "the next" fsync: a group's fsyncs go in order (OsFiles.ordered).
+    ordered = True
+
     def write(self, fd: int, data: bytes) -> None:
         if self.fail_writes > 0:
             self.fail_writes -= 1
@@ -66,8 +69,12 @@ class FaultyFiles(OsFiles):
     Attributes: :attr:`count` (operations counted so far), :attr:`ops` (``(kind,
     path)`` of each counted operation; fd operations name the path the fd was opened
     with, or ``fd:<n>``), :attr:`injected` (``(number, kind, path)`` of each failure).
-    Thread-safe: the backends call it from worker threads.
+    Thread-safe: the backends call it from worker threads. A group's fsyncs go one
+    after the other (:attr:`OsFiles.ordered`), so the k-th operation is the same one in
+    every run.
     """
+
+    ordered = True
 
     def __init__(
         self,

@@ -129,7 +129,10 @@ def write_each(backend: Backend, writes: Sequence[GroupWrite]) -> list[BaseExcep
 
     The contract every ``write_group`` keeps: the result is aligned with ``writes``;
     ``None`` means that batch is durable, an exception that *none* of it landed (the
-    exception ``append``/``materialize`` would have raised for it alone). One batch's
+    exception ``append``/``materialize`` would have raised for it alone) -- or, for a
+    first write the backend reports in doubt (JSONL: linked, directory fsync failed;
+    PostgreSQL: a ``COMMIT`` whose answer was lost), that it may have landed and the
+    same write retried completes it exactly once. One batch's
     failure (a lost lease, a refused first write) never fails another's; a failure of
     the shared step (the transaction's commit, an fsync) fails every batch it covers.
     Batches of one session appear in the order given and land in that order, and a

@@ -33,6 +33,7 @@ from harness.errors import (
     SessionNotLiveError,
 )
 from harness.persistence._backend import Backend, StoredLines, StoredLog, WriterLease, header_record
+from harness.persistence._committer import GroupCommitter
 from harness.persistence._restore import build_session as build_session
 from harness.persistence._service import (
     Fingerprint,
@@ -153,6 +154,8 @@ class Persistence(ServiceMixin):
         self.backend = backend
         self._nursery = nursery
         self._delay = write_delay
+        # Every writer's batches go through it: one writer thread, group commit.
+        self.committer = GroupCommitter(backend)
         self._writers: dict[str, SessionWriter] = {}
         self._reserved: dict[str, SessionPreparation] = {}
         # id(session) -> its disposed preparation; weak: the entry lives exactly as
@@ -353,6 +356,7 @@ class Persistence(ServiceMixin):
             nursery=self._nursery,
             delay=self._delay,
             warnings=self.store.warnings,
+            committer=self.committer,
             **kwargs,
         )
 
@@ -801,6 +805,9 @@ class Persistence(ServiceMixin):
             await self._drain_chains()
             finished = True
         finally:
+            # Its thread ends once idle (a round in flight finishes first); a later
+            # write, e.g. an aclose retried after a cancellation, starts a new one.
+            self.committer.close()
             # Reported even when cancelled half-way: a lost event is never silent.
             error = self._report_close_failures(failures, finished=finished)
         if error is not None:

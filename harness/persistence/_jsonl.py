@@ -17,7 +17,7 @@ import socket
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Final, Literal, TypeVar
 
@@ -39,11 +39,13 @@ from harness.errors import (
     StorageRowError,
 )
 from harness.persistence._backend import (
+    GroupWrite,
     StoredLines,
     StoredLog,
     WriterLease,
     check_header_record,
     header_line,
+    unwritten_after_failure,
 )
 from harness.persistence._files import OsFiles
 from harness.persistence._zstd import (
@@ -652,6 +654,20 @@ class JsonlBackend:
         self._append_bytes(session_id, path, self._batch_payload(session_id, records))
 
     def _append_bytes(self, session_id: str, path: Path, payload: bytes) -> None:
+        fd, size = self._open_and_write(session_id, path, payload)
+        try:
+            try:
+                self.files.fsync(fd)
+            except OSError as exc:
+                raise self._roll_back(session_id, path, fd, size, exc) from exc
+        finally:
+            with contextlib.suppress(OSError):
+                self.files.close(fd)
+
+    def _open_and_write(self, session_id: str, path: Path, payload: bytes) -> tuple[int, int]:
+        """Open the log, settle a torn tail, write ``payload``: the open descriptor and
+        the size to roll back to. A failed write is rolled back (and raised); the
+        caller fsyncs, rolls back a failed fsync (:meth:`_roll_back`) and closes."""
         try:
             fd = self.files.open(str(path), os.O_WRONLY | os.O_APPEND)
         except OSError as exc:
@@ -660,26 +676,91 @@ class JsonlBackend:
             size = self._settle_torn_tail(session_id, path, fd)
             try:
                 self.files.write(fd, payload)
-                self.files.fsync(fd)
             except OSError as exc:
-                try:
-                    self.files.ftruncate(fd, size)
-                    self.files.fsync(fd)
-                except OSError as rollback:
-                    # Bytes of the failed batch may still be on disk: no append may
-                    # land behind them until a truncate to ``size`` succeeds.
-                    self._torn[session_id] = size
-                    raise StorageIOError(
-                        f'failed to roll back append to "{path}": {exc}; rollback: {rollback} '
-                        f"(later appends truncate back to byte {size} first)",
-                        session_id=session_id,
-                    ) from exc
-                raise StorageIOError(
-                    f'appending to session "{session_id}" failed (rolled back): {exc}', session_id=session_id
-                ) from exc
-        finally:
+                raise self._roll_back(session_id, path, fd, size, exc) from exc
+        except BaseException:
             with contextlib.suppress(OSError):
                 self.files.close(fd)
+            raise
+        return fd, size
+
+    def _roll_back(self, session_id: str, path: Path, fd: int, size: int, exc: OSError) -> StorageIOError:
+        """After a failed write or fsync: truncate back to ``size`` and fsync; the error
+        to raise. If that fails too, no append may land behind the bytes left until a
+        truncate to ``size`` succeeds (see :meth:`_settle_torn_tail`)."""
+        try:
+            self.files.ftruncate(fd, size)
+            self.files.fsync(fd)
+        except OSError as rollback:
+            self._torn[session_id] = size
+            return StorageIOError(
+                f'failed to roll back append to "{path}": {exc}; rollback: {rollback} '
+                f"(later appends truncate back to byte {size} first)",
+                session_id=session_id,
+            )
+        return StorageIOError(f'appending to session "{session_id}" failed (rolled back): {exc}', session_id=session_id)
+
+    def write_group(self, writes: Sequence[GroupWrite]) -> list[BaseException | None]:
+        """Several sessions' batches as one round (group commit, :func:`write_each`'s
+        contract): every append is written, then all of them are fsynced together
+        (:meth:`OsFiles.fsync_each`); a batch whose write or fsync failed is rolled back
+        by truncation exactly as :meth:`append` rolls back, and fails alone (each fsync
+        covers one file). A first write is :meth:`materialize`, unchanged (temp file,
+        fsync, link, directory fsync), in its place in the round. Batches of one
+        session land in the order given: a session seen again starts a new round, and a
+        batch behind a failed batch of its session is not written (it would leave a gap)."""
+        results: list[BaseException | None] = [None] * len(writes)
+        failed: dict[str, BaseException] = {}
+        start = 0
+        while start < len(writes):
+            seen: set[str] = set()
+            end = start
+            while end < len(writes) and writes[end].session_id not in seen:
+                seen.add(writes[end].session_id)
+                end += 1
+            todo: list[int] = []
+            for i in range(start, end):
+                earlier = failed.get(writes[i].session_id)
+                if earlier is None:
+                    todo.append(i)
+                else:  # behind a failed batch of its session: writing it would leave a gap
+                    results[i] = unwritten_after_failure(self, writes[i].session_id, earlier)
+            self._write_round(writes, todo, results)
+            for i in range(start, end):
+                err = results[i]
+                if err is not None:
+                    failed.setdefault(writes[i].session_id, err)
+            start = end
+        return results
+
+    def _write_round(self, writes: Sequence[GroupWrite], indexes: Sequence[int], results: list[BaseException | None]) -> None:
+        written: list[tuple[int, Path, int, int]] = []  # index, path, fd, size before
+        try:
+            for i in indexes:
+                w = writes[i]
+                try:
+                    if not w.materialized:
+                        self.materialize(w.header, w.records, lease=w.lease)
+                    elif w.records:
+                        path = self.locate(w.session_id)
+                        if path is None:
+                            raise PersistedSessionNotFoundError(
+                                f'session "{w.session_id}" not found', session_id=w.session_id
+                            )
+                        payload = self._batch_payload(w.session_id, w.records)
+                        written.append((i, path, *self._open_and_write(w.session_id, path, payload)))
+                except Exception as exc:
+                    results[i] = exc
+            synced = self.files.fsync_each([fd for _, _, fd, _ in written])
+            for (i, path, fd, size), err in zip(written, synced, strict=True):
+                if err is not None:
+                    rolled = self._roll_back(writes[i].session_id, path, fd, size, err)
+                    rolled.__cause__ = err
+                    results[i] = rolled
+        finally:
+            for _, _, fd, _ in written:
+                with contextlib.suppress(OSError):
+                    self.files.close(fd)
 
     def _settle_torn_tail(self, session_id: str, path: Path, fd: int) -> int:
         """The size to append at: the file's size, after truncating the bytes a failed

@@ -15,7 +15,8 @@ import outcome
 import trio
 
 from harness.errors import FlushError, PersistenceError, WriterWedgedError
-from harness.persistence._backend import Backend, WriterLease
+from harness.persistence._backend import Backend, GroupWrite, WriterLease
+from harness.persistence._committer import CommitJob, GroupCommitter
 from harness.session import Event, Session, event_to_record
 
 if TYPE_CHECKING:
@@ -255,12 +256,15 @@ class SessionWriter:
       and retried by the next flush or window; it is never dropped or reordered).
     * A failed background write is logged once and pauses the window until the next
       enqueue. No failure of a background write escapes into the nursery.
-    * Writes run on a worker thread inside a shielded scope bounded by
-      :data:`WRITE_WAIT_LIMIT`: a durable write is never abandoned half-way by a
-      cancellation; a cancelled caller gets ``Cancelled`` once it returns. A write that
-      overruns the bound *wedges* the writer: every later flush raises
-      :class:`WriterWedgedError` (fail closed), and the lock is released by the
-      abandoned thread when (if) it finishes.
+    * Writes go through the persistence's :class:`~._committer.GroupCommitter` (its
+      writer thread writes the batches of every session queued meanwhile in one round:
+      group commit), waited for inside a shielded scope bounded by
+      :data:`WRITE_WAIT_LIMIT` on both clocks: a durable write is never abandoned
+      half-way by a cancellation; a cancelled caller gets ``Cancelled`` once it
+      returns. A write that overruns the bound *wedges* the writer: every later flush
+      raises :class:`WriterWedgedError` (fail closed), and the lock is released by the
+      abandoned round when (if) it finishes; a batch whose round had not started by
+      then is withdrawn and never written.
     """
 
     def __init__(
@@ -273,10 +277,12 @@ class SessionWriter:
         materialized: bool,
         cursor: int,
         lease: WriterLease | None,
+        committer: GroupCommitter,
         before_first_write: Callable[[], Awaitable[None]] | None = None,
         warnings: Warnings | None = None,
     ) -> None:
         self.backend = backend
+        self._committer = committer
         self.warnings = warnings  # the store's channel: background failures go there too
         self.session = session
         self.id = session.id
@@ -432,7 +438,7 @@ class SessionWriter:
                 # Shielded on purpose: the batch either lands whole (and the buffer is
                 # trimmed) or fails (and is kept); never "unknown" -- unless the bound
                 # passes, and then the writer says so forever (wedged).
-                await run_storage_call(lambda: self._thread_write(batch))
+                await self._commit(batch)
             except WaitOverrun:
                 self.wedged = (
                     f"a write of {len(batch)} event(s) did not return within {WRITE_WAIT_LIMIT} s "
@@ -460,16 +466,49 @@ class SessionWriter:
             session_id=self.id,
         )
 
-    def _thread_write(self, batch: list[dict[str, Any]]) -> None:
-        """Worker thread: write the batch; if the Trio side gave up waiting and retired
-        meanwhile, release the lease it left here (only now is nothing in flight).
+    async def _commit(self, batch: list[dict[str, Any]]) -> None:
+        """Hand ``batch`` to the group committer and wait until its round wrote it:
+        shielded, bounded by :data:`WRITE_WAIT_LIMIT` on the Trio clock *and* the wall
+        clock (as :func:`run_storage_call`: an autojumping ``MockClock`` cannot make a
+        real write "overrun"). Raises the batch's own error, or :class:`WaitOverrun`
+        (the batch is withdrawn if its round has not reached it, else abandoned: the
+        round runs on and this writer's part of it ends as :meth:`_thread_finish`
+        says).
 
-        A thread that starts only after a *wedged* writer retired (its wait overran
-        while it was still queued for a worker thread) writes nothing: nobody waits for
-        it and the writer is gone. A writer that is not wedged still writes after a
-        retirement: a second :meth:`retire` (``aclose`` retrying a cancelled or failed
-        one) waits for this very call, and must not be told "durable" for a batch that
-        was skipped."""
+        Cancellation: shielded; the round is never cancelled (other sessions' batches
+        are in it too); a cancelled caller sees ``Cancelled`` at its next checkpoint."""
+        committer = self._committer
+        limit = WRITE_WAIT_LIMIT
+        wall = wall_clock
+        started = wall()
+        deadline = trio.current_time() + limit
+        job = CommitJob(lambda: self._thread_prepare(batch), self._thread_finish)
+        committer.submit(job)
+        while True:
+            with trio.CancelScope(shield=True, deadline=deadline):
+                result = await committer.wait(job)
+                result.unwrap()
+                return
+            if job.result is not None:  # it came back as the deadline fired
+                job.result.unwrap()
+                return
+            if wall() - started >= limit:
+                state = "withdrawn before its round" if committer.withdraw(job) else "still running"
+                raise WaitOverrun(f"group commit of session {self.id!r}: {state} after {limit} s")
+            # A virtual clock jumped: the wall clock says the bound has not passed.
+            deadline = trio.current_time() + max(limit - (wall() - started), 0.0)
+
+    def _thread_prepare(self, batch: list[dict[str, Any]]) -> GroupWrite:
+        """Writer thread, as its round reaches this batch: take the lock if the writer
+        holds none, and say what to write. If the Trio side gave up waiting and retired
+        meanwhile, :meth:`_thread_finish` releases the lease it left here (only then is
+        nothing in flight).
+
+        A round that reaches the batch only after a *wedged* writer retired writes
+        nothing: nobody waits for it and the writer is gone. A writer that is not
+        wedged still writes after a retirement: a second :meth:`retire` (``aclose``
+        retrying a cancelled or failed one) waits for this very batch, and must not be
+        told "durable" for a batch that was skipped."""
         with self._thread_mutex:
             if self._retired and self.wedged is not None:
                 raise WriterWedgedError(
@@ -478,30 +517,26 @@ class SessionWriter:
                     session_id=self.id,
                 )
             self._in_thread = True
-        try:
-            self._write_sync(batch)
-        finally:
-            with self._thread_mutex:
-                self._in_thread = False
-                orphan = None
-                if self._release_on_exit:
-                    # Retired while this thread was abandoned: whatever lock the writer
-                    # holds now (perhaps taken by this very thread) is ours to release.
-                    orphan, self.lease = self.lease, None
-            if orphan is not None:
-                try:
-                    orphan.release()
-                except Exception as exc:
-                    log.warning('%s: releasing the lease of wedged session "%s" failed: %s', self.backend.name, self.id, exc)
-
-    def _write_sync(self, batch: list[dict[str, Any]]) -> None:
         if self.lease is None:
             self.lease = self.backend.acquire_writer(self._header)
-        if self.materialized:
-            self.backend.append(self.id, batch, lease=self.lease)
-        else:
-            self.backend.materialize(self._header, batch, lease=self.lease)
+        return GroupWrite(self.id, self._header, batch, self.materialized, self.lease)
+
+    def _thread_finish(self, error: BaseException | None) -> None:
+        """Writer thread, after the round (whatever its outcome)."""
+        if error is None:
             self.materialized = True
+        with self._thread_mutex:
+            self._in_thread = False
+            orphan = None
+            if self._release_on_exit:
+                # Retired while this batch was abandoned: whatever lock the writer
+                # holds now (perhaps taken by this very round) is ours to release.
+                orphan, self.lease = self.lease, None
+        if orphan is not None:
+            try:
+                orphan.release()
+            except Exception as exc:
+                log.warning('%s: releasing the lease of wedged session "%s" failed: %s', self.backend.name, self.id, exc)
 
     async def retire(self) -> None:
         """Flush, then release the writer lock. The lock is released even if the final

@@ -55,7 +55,7 @@ from harness.faults._scenarios._frame import (
     turn_batches,
 )
 from harness.faults._scenarios._sessions import fork, lifecycle
-from harness.faults._scenarios._writes import close_writes, write_behind
+from harness.faults._scenarios._writes import close_writes, group_commit, write_behind
 
 # The registry: one row per scenario, in the order `harness chaos --list` shows them.
 # A new scenario is a function `async def name(probe, kind)` in its family's module
@@ -128,6 +128,13 @@ _DEFS: Final[list[tuple[str, Callable[[Probe, str], Awaitable[None]], str, tuple
         "write-behind",
         write_behind,
         "appends with the write window running, flushes, clean close",
+        ("caller", "teardown"),
+        ("checkpoints", "io", "crash"),
+    ),
+    (
+        "group-commit",
+        group_commit,
+        "three sessions append and flush at once, twice: their batches share group-commit rounds",
         ("caller", "teardown"),
         ("checkpoints", "io", "crash"),
     ),

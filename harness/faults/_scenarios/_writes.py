@@ -4,6 +4,7 @@ and ``close-writes`` (the close writes what sessions left, under a transient fau
 from __future__ import annotations
 
 from functools import partial
+from typing import Final
 
 import trio
 
@@ -103,3 +104,45 @@ async def close_writes(probe: Probe, kind: str) -> None:
         finally:
             close_backend(plain)
     check_at_rest(probe, kind)
+
+
+# -- group commit (issue 26) --------------------------------------------------------------------
+
+GROUP_SESSIONS: Final = ("g1", "g2", "g3")
+
+
+async def group_commit(probe: Probe, kind: str) -> None:
+    """Three sessions append a turn and flush at the same time, twice: their batches
+    meet in the group committer's rounds (``write_group``: one transaction, or one
+    round of fsyncs, for several sessions), then a clean close. Every flush that
+    returned is acknowledged for its own session; a crash mid-round must lose none of
+    them. A clean run checks that some round did carry several sessions' batches."""
+    async with store_run(probe, kind, write_delay=60) as run:
+        r, caller = run.rig, run.caller
+        committer = r.persistence.committer
+        probe.arm()
+        with caller.scope():
+            handles: list[SessionHandle] = []
+            for sid in GROUP_SESSIONS:
+                h = await guarded(probe, "create", partial(r.store.create, sid, cwd="/chaos"))
+                if h is None:
+                    break
+                track_session(probe, h)
+                handles.append(h)
+
+            async def turn_then_flush(h: SessionHandle, turn: int) -> None:
+                await guarded(probe, "append", partial(append_turns, h, [turn]))
+                await flush_and_acknowledge(probe, h, "flush")
+
+            for turn in (1, 2):
+                async with trio.open_nursery() as n:
+                    for h in handles:
+                        n.start_soon(turn_then_flush, h, turn)
+        for h in await guarded(probe, "store.list", r.store.list) or []:
+            check_live(probe, h, idle=not run.interrupted)
+        if not run.interrupted and probe.canceller_name is None and probe.faults is None:
+            probe.check(
+                committer.batches > committer.rounds,
+                f"clean run: no round carried more than one batch ({committer.batches} batch(es) "
+                f"in {committer.rounds} round(s))",
+            )
