@@ -12,6 +12,7 @@ import trio
 
 from actors._bounded import run_bounded
 from actors._errors import ActorCrashedError, ActorStoppedError, Rejected, ReplyOverdueError
+from actors._mailbox import Mailbox
 
 log = logging.getLogger("actors")
 
@@ -26,14 +27,24 @@ class _State(Enum):
 
 
 class _Envelope:
-    __slots__ = ("done", "message", "reply", "result", "state")
+    """One message in a mailbox, and for a :meth:`ActorRef.call` its reply slot.
+
+    The reply is handed to the caller directly: the actor stores ``result`` and
+    reschedules the parked caller task (``waiter``), no event or channel per call.
+    ``done`` is made only when a caller is cancelled after its message was taken
+    (the rare bounded wait of decision 0007).
+    """
+
+    __slots__ = ("done", "message", "reply", "result", "state", "waiter")
 
     def __init__(self, message: Any, reply: bool) -> None:
         self.message = message
         self.reply = reply
         self.state = _State.QUEUED
         self.result: outcome.Outcome[Any] | None = None
-        self.done = trio.Event() if reply else None
+        self.done: trio.Event | None = None
+        # The caller task parked on this reply, while it is parked.
+        self.waiter: trio.lowlevel.Task | None = None
 
 
 class Actor(Generic[M]):
@@ -106,11 +117,11 @@ class ActorRef(Generic[M]):
     :meth:`cast` cancelled while it waits for mailbox space sends nothing.
     """
 
-    __slots__ = ("_cell", "_send", "name")
+    __slots__ = ("_cell", "_mailbox", "name")
 
-    def __init__(self, name: str, send: trio.MemorySendChannel[_Envelope], cell: _Cell) -> None:
+    def __init__(self, name: str, mailbox: Mailbox[_Envelope], cell: _Cell) -> None:
         self.name = name
-        self._send = send
+        self._mailbox = mailbox
         self._cell = cell
 
     @property
@@ -123,10 +134,9 @@ class ActorRef(Generic[M]):
         """True when the actor is alive and parked waiting for its next message with
         none queued: every message sent before this moment has been handled (a
         barrier need not make a round trip). ``False`` is always a safe answer."""
-        stats = self._send.statistics()
-        # A message handed to the waiting actor leaves it off the waiting list at
-        # once, and one being handled means the actor is not waiting: either way not idle.
-        return stats.current_buffer_used == 0 and stats.tasks_waiting_receive > 0 and self.alive
+        # A message handed to the waiting actor leaves it not waiting at once, and
+        # one being handled means the actor is not waiting: either way not idle.
+        return self._mailbox.idle and self.alive
 
     async def call(self, message: M) -> Any:
         """Send ``message`` and wait for the handler's result (or its exception).
@@ -148,28 +158,54 @@ class ActorRef(Generic[M]):
           that overruns it makes the call raise :class:`ReplyOverdueError` (the
           outcome is unknown: reconcile from the actor's state).
         """
+        self._check()
+        await trio.lowlevel.checkpoint_if_cancelled()  # cancelled already: nothing sent
         env = _Envelope(message, reply=True)
-        await self._enqueue(env)
-        done = env.done
-        assert done is not None
         try:
-            await done.wait()
-        except trio.Cancelled:
-            if env.state is _State.QUEUED:
+            # The common case: space in the mailbox, so no checkpoint here; the one
+            # checkpoint of the call is the wait for the reply below.
+            self._mailbox.put_nowait(env)
+        except trio.WouldBlock:
+            try:
+                await self._enqueue(env)  # full: wait for space (cancelled: never sent)
+            except BaseException:
                 env.state = _State.WITHDRAWN
+                raise
+        except (trio.ClosedResourceError, trio.BrokenResourceError):
+            self._raise_stopped()
+        if env.result is None:  # (the actor may have answered while we waited for space)
+            await self._wait_reply(env)
+        assert env.result is not None
+        return env.result.unwrap()
+
+    async def _wait_reply(self, env: _Envelope) -> None:
+        """Park until the actor hands ``env`` its result (:func:`_finish` reschedules
+        this task), keeping :meth:`call`'s cancellation contract."""
+        env.waiter = trio.lowlevel.current_task()
+
+        def abort(_: trio.lowlevel.RaiseCancelT) -> trio.lowlevel.Abort:
+            # Called synchronously when the cancellation is delivered, so the state
+            # read here is the state the caller's answer is decided by.
+            env.waiter = None
+            if env.state is _State.QUEUED:
+                env.state = _State.WITHDRAWN  # the actor will skip it: never applied
+            else:
+                env.done = trio.Event()  # taken: the handler's end sets it
+            return trio.lowlevel.Abort.SUCCEEDED
+
+        try:
+            await trio.lowlevel.wait_task_rescheduled(abort)
+        except trio.Cancelled:
+            if env.state is _State.WITHDRAWN:
                 raise
             if env.result is None:
                 # Taken: the message is being applied. Reporting ``Cancelled`` now
                 # would tell the caller "not applied" about a message that will be.
+                done = env.done
+                assert done is not None
                 await run_bounded(done.wait, self._cell.reply_grace, shield=True)
                 if env.result is None:
-                    raise ReplyOverdueError(self.name, message, self._cell.reply_grace) from None
-        except BaseException:
-            if env.state is _State.QUEUED:
-                env.state = _State.WITHDRAWN
-            raise
-        assert env.result is not None
-        return env.result.unwrap()
+                    raise ReplyOverdueError(self.name, env.message, self._cell.reply_grace) from None
 
     async def cast(self, message: M) -> None:
         """Send ``message`` without waiting for it to be handled (waits for space only).
@@ -182,14 +218,14 @@ class ActorRef(Generic[M]):
         """Send without waiting; raises ``trio.WouldBlock`` if the mailbox is full."""
         self._check()
         try:
-            self._send.send_nowait(_Envelope(message, reply=False))
+            self._mailbox.put_nowait(_Envelope(message, reply=False))
         except (trio.ClosedResourceError, trio.BrokenResourceError):
             self._raise_stopped()
 
     async def _enqueue(self, env: _Envelope) -> None:
         self._check()
         try:
-            await self._send.send(env)
+            await self._mailbox.put(env)
         except (trio.ClosedResourceError, trio.BrokenResourceError):
             self._raise_stopped()
 
@@ -226,7 +262,7 @@ class _Cell:
 
 async def run_actor(
     actor: Actor[Any],
-    receive: trio.MemoryReceiveChannel[_Envelope],
+    mailbox: Mailbox[_Envelope],
     cell: _Cell,
     on_crash: Callable[[str, BaseException], None],
 ) -> None:
@@ -242,7 +278,7 @@ async def run_actor(
                 async with trio.open_nursery() as children:
                     actor._children = children
                     try:
-                        drained = await _serve_all(actor, receive, cell, on_crash)
+                        drained = await _serve_all(actor, mailbox, cell, on_crash)
                     finally:
                         # No new child once serving ends; the running ones are
                         # cancelled (the mailbox is closed: they can no longer
@@ -272,12 +308,12 @@ async def run_actor(
             _finish(current, outcome.Error(failure))
         while True:
             try:
-                env = receive.receive_nowait()
+                env = mailbox.take_nowait()
             except (trio.WouldBlock, trio.EndOfChannel, trio.ClosedResourceError):
                 break
             if env.state is _State.QUEUED:
                 _finish(env, outcome.Error(failure))
-        receive.close()
+        mailbox.close_receive()
         try:
             actor.on_exit()
         except Exception:
@@ -287,12 +323,17 @@ async def run_actor(
 
 async def _serve_all(
     actor: Actor[Any],
-    receive: trio.MemoryReceiveChannel[_Envelope],
+    mailbox: Mailbox[_Envelope],
     cell: _Cell,
     on_crash: Callable[[str, BaseException], None],
 ) -> bool:
     """Serve until the mailbox closes (True: drained) or a handler crashes (False)."""
-    async for env in receive:
+    take = mailbox.take
+    while True:
+        try:
+            env = await take()
+        except trio.EndOfChannel:
+            return True
         if env.state is _State.WITHDRAWN:
             continue
         env.state = _State.TAKEN
@@ -335,6 +376,11 @@ async def _serve(
 
 def _finish(env: _Envelope, result: outcome.Outcome[Any]) -> None:
     env.state = _State.DONE
-    if env.done is not None:
+    if env.reply:
         env.result = result
-        env.done.set()
+        waiter = env.waiter
+        if waiter is not None:
+            env.waiter = None
+            trio.lowlevel.reschedule(waiter)
+        elif env.done is not None:
+            env.done.set()

@@ -13,6 +13,7 @@ from actors._actor import Actor, ActorRef, _Cell, _Envelope, run_actor
 from actors._bounded import run_bounded
 from actors._errors import ActorStoppedError
 from actors._lifetimes import Lifetime
+from actors._mailbox import Mailbox
 
 log = logging.getLogger("actors")
 
@@ -50,7 +51,7 @@ class ActorRuntime:
         self._manager: Any = None
         # Insertion-ordered: reverse spawn order for the orderly stop, O(1) removal
         # when one actor stops (a store with many sessions detaches each in O(1)).
-        self._actors: dict[ActorRef[Any], tuple[_Cell, trio.MemorySendChannel[_Envelope]]] = {}
+        self._actors: dict[ActorRef[Any], tuple[_Cell, Mailbox[_Envelope]]] = {}
         self._accepting = False
         self.stop_grace = stop_grace
         self.crashes: list[tuple[str, BaseException]] = []
@@ -88,9 +89,9 @@ class ActorRuntime:
             else:
                 nursery.cancel_scope.cancel()
         finally:
-            for cell, send in self._actors.values():
+            for cell, mailbox in self._actors.values():
                 cell.closing = True
-                send.close()
+                mailbox.close()
             try:
                 result: bool | None = await self._manager.__aexit__(exc_type, exc, tb)
             finally:
@@ -101,17 +102,17 @@ class ActorRuntime:
         """Start ``actor`` in this runtime and return its ref (synchronous)."""
         if not self._accepting or self._nursery is None:
             raise ActorStoppedError("runtime is not accepting new actors")
-        send, receive = trio.open_memory_channel[_Envelope](actor.mailbox_size)
+        mailbox: Mailbox[_Envelope] = Mailbox(actor.mailbox_size)
         cell = _Cell(actor.reply_grace)
-        ref: ActorRef[Any] = ActorRef(actor.name, send, cell)
+        ref: ActorRef[Any] = ActorRef(actor.name, mailbox, cell)
         actor.ref = ref
-        self._actors[ref] = (cell, send)
+        self._actors[ref] = (cell, mailbox)
 
         def on_crash(name: str, exc: BaseException) -> None:
             self.crashes.append((name, exc))
             self._supervisor(name, exc)
 
-        self._nursery.start_soon(run_actor, actor, receive, cell, on_crash, name=f"actor:{actor.name}")
+        self._nursery.start_soon(run_actor, actor, mailbox, cell, on_crash, name=f"actor:{actor.name}")
         return ref
 
     async def stop(self, ref: ActorRef[Any]) -> None:
@@ -125,9 +126,9 @@ class ActorRuntime:
         item = self._actors.get(ref)
         if item is None:
             return
-        cell, send = item
+        cell, mailbox = item
         cell.closing = True
-        send.close()
+        mailbox.close()
         with trio.CancelScope(shield=True):
             if not await run_bounded(cell.stopped.wait, self.stop_grace):
                 log.warning("actor %r did not stop within %g s; cancelling it", ref.name, self.stop_grace)

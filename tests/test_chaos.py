@@ -252,9 +252,10 @@ def test_checkpoint_mode_finds_the_old_call_contract(monkeypatch: pytest.MonkeyP
         # eddf553's ActorRef.call: a cancellation once the message was taken reached
         # the caller as Cancelled although the message was (or had just been) applied.
         env = kernel._Envelope(message, reply=True)
+        env.done = trio.Event()  # its per-call event (the kernel sets it: no parked waiter)
         await self._enqueue(env)
         try:
-            await env.done.wait()  # type: ignore[union-attr]
+            await env.done.wait()
         except BaseException:
             if env.state is kernel._State.QUEUED:
                 env.state = kernel._State.WITHDRAWN

@@ -46,7 +46,7 @@ from harness.session._log import Log
 from harness.session._request_header import canonical_header
 
 if TYPE_CHECKING:
-    from harness.runtime._store import Store
+    from harness.runtime._ports import StorePort
 
 
 class Entry:
@@ -153,7 +153,7 @@ class SessionHandle:
 
     __slots__ = ("_entry", "_store", "id")
 
-    def __init__(self, store: Store, entry: Entry) -> None:
+    def __init__(self, store: StorePort[SessionHandle], entry: Entry) -> None:
         self._store = store
         self._entry = entry
         self.id = entry.session.id
@@ -171,7 +171,7 @@ class SessionHandle:
         return self._entry.announced
 
     @property
-    def store(self) -> Store:
+    def store(self) -> StorePort[SessionHandle]:
         """The store this handle belongs to."""
         return self._store
 

@@ -12,12 +12,17 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from actors import Owner
-from harness.errors import AsyncListenerError
 from harness.runtime._scopes import Scoped
+
+# Re-exported (``as``): the agent layer subscribes and refuses its listeners this way too.
+from harness.runtime._subscribe import is_async_callable as is_async_callable
+from harness.runtime._subscribe import refuse_awaitable as refuse_awaitable
+from harness.runtime._subscribe import subscribe as subscribe
+from harness.runtime._subscribe import subscribe_sync as subscribe_sync
+from harness.runtime._warnings import Warnings
 
 if TYPE_CHECKING:
     from harness.runtime._handles import Entry, SessionHandle
-    from harness.runtime._warnings import Warnings
     from harness.session import Event
 
 log = logging.getLogger("harness.store")
@@ -69,11 +74,7 @@ class Listeners:
     """
 
     def __init__(self, warnings: Warnings | None = None) -> None:
-        if warnings is None:
-            from harness.runtime._warnings import Warnings  # it imports this module
-
-            warnings = Warnings()
-        self.warnings = warnings
+        self.warnings = Warnings() if warnings is None else warnings
         # Routed by scope (see Registry): a session reaches only the listeners that can
         # hear it, whatever the number of listeners scoped to other owners.
         self.created = Registry()
@@ -87,6 +88,8 @@ class Listeners:
         # listener unsubscribed while a batch is dispatched hears none of its later
         # events (the reference dispatches one append at a time and resolves each).
         listeners = self.event
+        if not listeners:  # the common case of a store without event listeners
+            return
         removals = listeners.removals
         for key, listener in listeners.heard_by(handle):
             later = False
@@ -271,70 +274,3 @@ def _only_cancelled(group: BaseExceptionGroup[BaseException]) -> trio.Cancelled 
         else:
             return None
     return first
-
-
-def _name(fn: object) -> str:
-    name = getattr(fn, "__qualname__", None)
-    return name if type(name) is str else repr(fn)
-
-
-def is_async_callable(fn: object) -> bool:
-    """Whether calling ``fn`` makes a coroutine (or an async generator): an ``async
-    def``, a ``functools.partial`` of one, or an object whose ``__call__`` is one."""
-    if inspect.iscoroutinefunction(fn) or inspect.isasyncgenfunction(fn):
-        return True
-    if inspect.isroutine(fn):
-        return False
-    call = inspect.getattr_static(type(fn), "__call__", None)  # an object's own __call__
-    return inspect.iscoroutinefunction(call) or inspect.isasyncgenfunction(call)
-
-
-def subscribe_sync(kind: str, items: list[Any] | Registry, item: Any) -> Callable[[], None]:
-    """:func:`subscribe` for a listener the store calls synchronously: an async
-    callable is refused (:class:`AsyncListenerError`), never called and dropped."""
-    if is_async_callable(item):
-        raise AsyncListenerError(
-            f"{kind} listener {_name(item)} is async; store listeners must be synchronous "
-            "(start async work from it instead)"
-        )
-    return subscribe(items, item)
-
-
-def refuse_awaitable(kind: str, listener: object, result: object) -> None:
-    """A synchronous listener returned ``result``: if it is awaitable, close it (it will
-    never run) and raise :class:`AsyncListenerError`."""
-    if not inspect.isawaitable(result):
-        return
-    close = getattr(result, "close", None)
-    if callable(close):
-        close()  # no "coroutine was never awaited" warning: it is refused, on purpose
-    raise AsyncListenerError(
-        f"{kind} listener {_name(listener)} returned an awaitable; store listeners must be "
-        "synchronous (it was closed, not awaited)"
-    )
-
-
-def subscribe(items: list[Any] | Registry, item: Any) -> Callable[[], None]:
-    """Add ``item`` to ``items``; return an idempotent unsubscribe function.
-
-    The unsubscribe removes this registration only, once: a callable registered twice
-    stays registered once after one of its unsubscribes (called any number of times),
-    and an equal but distinct callable (``==`` without ``is``) is never removed.
-    """
-    if isinstance(items, Registry):
-        registry, key = items, items.add(item)
-        return lambda: registry.discard(key)
-    items.append(item)
-    removed = False
-
-    def remove() -> None:
-        nonlocal removed
-        if removed:
-            return
-        removed = True
-        for i, registered in enumerate(items):  # by identity, not ==
-            if registered is item:
-                del items[i]
-                return
-
-    return remove

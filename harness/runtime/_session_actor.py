@@ -215,12 +215,14 @@ class SessionActor(Actor[Any]):
 
     def _append(self, drafts: tuple[Any, ...]) -> tuple[Event, ...]:
         plan = self.session.plan(drafts)
-        for hook in list(self.listeners.pre_commit):
-            try:
-                hook(self.session_handle, plan.events)
-            except Exception as exc:
-                # A veto is an answer (nothing is committed), not a session-actor bug.
-                raise Rejected(exc) from None
+        hooks = self.listeners.pre_commit
+        if hooks:  # (no copy of an empty list on every append)
+            for hook in list(hooks):
+                try:
+                    hook(self.session_handle, plan.events)
+                except Exception as exc:
+                    # A veto is an answer (nothing is committed), not a session-actor bug.
+                    raise Rejected(exc) from None
         events = self.session.commit(plan)
         # Published once entered (the reference publishes for every attached session).
         self.listeners.emit_event(self.session_handle, events)

@@ -17,7 +17,7 @@ from typing import Literal, TypeAlias, final
 
 import attrs
 
-from harness.runtime._listeners import refuse_awaitable, subscribe_sync
+from harness.runtime._subscribe import refuse_awaitable, subscribe_sync
 
 log = logging.getLogger("harness.warnings")
 
