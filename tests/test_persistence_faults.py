@@ -583,11 +583,18 @@ async def test_a_leftover_is_not_appended_to_a_log_that_moved_on(tmp_path: Path)
     assert types == ["feedback/record", "session/end-seed"]  # no stale suffix appended
 
 
-async def test_an_overrunning_write_wedges_the_writer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(writer_module, "WRITE_WAIT_LIMIT", 0.2)
+async def test_an_overrunning_write_wedges_the_writer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, autojump_clock: trio.testing.MockClock
+) -> None:
+    # Both halves of the bound are driven by the test, not by the machine's speed
+    # (issue 24 §5): the Trio clock autojumps past WRITE_WAIT_LIMIT while the round is
+    # stuck, and the injected wall clock passes it only once the round is known to be
+    # stuck in its fsync. The 60 s timer only keeps a broken run from hanging.
+    wall = [0.0]
+    monkeypatch.setattr(writer_module, "wall_clock", lambda: wall[0])
     files = GatedFiles()
     backend = JsonlBackend(tmp_path, files=files)
-    release = threading.Timer(3.0, files.open_gate.set)  # never hang the suite
+    release = threading.Timer(60.0, files.open_gate.set)
     release.start()
     try:
         async with open_store() as store:
@@ -596,24 +603,29 @@ async def test_an_overrunning_write_wedges_the_writer(tmp_path: Path, monkeypatc
                     s = await store.create("s", cwd="/w")
                     await s.append("feedback/record", {"i": 0})
                     files.open_gate.clear()
-                    with trio.fail_after(2):
+
+                    async def stuck_then_overdue() -> None:
+                        await trio.to_thread.run_sync(files.blocked.wait)
+                        wall[0] += writer_module.WRITE_WAIT_LIMIT + 1
+
+                    async with trio.open_nursery() as n:
+                        n.start_soon(stuck_then_overdue)
                         with pytest.raises(WriterWedgedError) as info:
                             await s.flush()
                     assert info.value.code == "WRITER_WEDGED" and info.value.session_id == "s"
                     files.open_gate.set()
-                    await trio.to_thread.run_sync(lambda: time_sleep(0.2))
+                    # The abandoned round runs to its end: wait for the writer thread.
+                    thread = p.committer.close()
+                    if thread is not None:
+                        await trio.to_thread.run_sync(thread.join)
                     with pytest.raises(WriterWedgedError):
                         await s.flush()  # state unknown: fails closed for good
                     await store.detach(s)
                     await p.wait_retired("s")
-        assert not backend.lock_held(H)  # the abandoned thread released it when it finished
+        assert not backend.lock_held(H)
     finally:
         release.cancel()
         files.open_gate.set()
-
-
-def time_sleep(seconds: float) -> None:
-    threading.Event().wait(seconds)
 
 
 async def test_a_resume_after_a_failed_rollback_never_reads_the_torn_batch(tmp_path: Path) -> None:
@@ -660,20 +672,28 @@ async def test_a_resume_after_a_failed_rollback_never_reads_the_torn_batch(tmp_p
     assert acknowledged == 4 and seqs == list(range(acknowledged + 1))
 
 
-async def test_a_write_wedged_while_taking_the_lock_still_releases_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_a_write_wedged_while_taking_the_lock_still_releases_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, autojump_clock: trio.testing.MockClock
+) -> None:
     # The first write hangs inside acquire_writer (the session directory's fsync): the
     # writer is retired before the thread even holds the lock. When the thread gets
     # through, the lock it took must be released, not kept for the process's life.
+    # The bound's two clocks are driven by the test (autojump, an injected wall clock
+    # moved once the thread is known to hang), never by the machine's speed.
     class HangingDirFsync(OsFiles):
         def __init__(self) -> None:
             self.gate = threading.Event()
             self.gate.set()
+            self.blocked = threading.Event()
 
         def fsync_dir(self, path: str) -> None:
-            self.gate.wait(5)
+            if not self.gate.is_set():
+                self.blocked.set()
+                self.gate.wait(60)  # only keeps a broken run from hanging
             super().fsync_dir(path)
 
-    monkeypatch.setattr(writer_module, "WRITE_WAIT_LIMIT", 0.2)
+    wall = [0.0]
+    monkeypatch.setattr(writer_module, "wall_clock", lambda: wall[0])
     files = HangingDirFsync()
     backend = JsonlBackend(tmp_path, files=files)
     header = {"id": "s", "cwd": "/w"}
@@ -684,12 +704,23 @@ async def test_a_write_wedged_while_taking_the_lock_still_releases_it(tmp_path: 
                     s = await store.create("s", cwd="/w")
                     await s.append("feedback/record", {"i": 0})
                     files.gate.clear()
-                    with pytest.raises(WriterWedgedError):
-                        await s.flush()
+
+                    async def stuck_then_overdue() -> None:
+                        await trio.to_thread.run_sync(files.blocked.wait)
+                        wall[0] += writer_module.WRITE_WAIT_LIMIT + 1
+
+                    async with trio.open_nursery() as n:
+                        n.start_soon(stuck_then_overdue)
+                        with pytest.raises(WriterWedgedError):
+                            await s.flush()
                     await store.detach(s)
                     await p.wait_retired("s")
                     files.gate.set()
-                    await trio.to_thread.run_sync(lambda: time_sleep(0.3))
+                    # The abandoned round runs to its end (and releases the lock it
+                    # took): wait for the writer thread rather than for a while.
+                    thread = p.committer.close()
+                    if thread is not None:
+                        await trio.to_thread.run_sync(thread.join)
                     assert not backend.lock_held(header)
                     prep = await p.prepare("s")
                     await prep.dispose()
@@ -758,7 +789,7 @@ async def test_a_write_queued_behind_a_stuck_round_leaves_no_lock(tmp_path: Path
                                 await b.flush()
 
                         n.start_soon(b_flush)
-                        await trio.to_thread.run_sync(files.blocked.wait, 2.0)
+                        await trio.to_thread.run_sync(files.blocked.wait)  # the gate (20 s) bounds a broken run
                         await a.append("feedback/record", {"i": 1})
                         with pytest.raises(WriterWedgedError):
                             await a.flush()
