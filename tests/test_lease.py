@@ -46,10 +46,10 @@ class LeaseClock:
 
 @pytest.fixture
 def lease_clock(monkeypatch: pytest.MonkeyPatch) -> LeaseClock:
-    import harness.persistence._sqlite as sqlite_module
+    import harness.persistence._sqlite_leases as sqlite_leases
 
     clock = LeaseClock()
-    monkeypatch.setattr(sqlite_module, "_now_ms", clock)
+    monkeypatch.setattr(sqlite_leases, "_now_ms", clock)
     return clock
 
 
