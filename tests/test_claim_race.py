@@ -346,7 +346,7 @@ def test_a_jsonl_load_pairs_its_bytes_with_the_revision_they_were_read_at(
     write_balanced(tmp_path, kind)
     backend = plain_backend(tmp_path, kind)
     other = plain_backend(tmp_path, kind)
-    import harness.persistence._jsonl as jsonl
+    import harness.persistence._jsonl_read as jsonl
 
     real_fast_scan = jsonl._fast_scan
     appended: list[bool] = []

@@ -19,14 +19,15 @@ from pathlib import Path
 import pytest
 
 from harness.errors import StorageIOError
-from harness.persistence import JsonlBackend, _jsonl
+from harness.persistence import JsonlBackend
+from harness.persistence import _jsonl_lock as _jsonl
 from tests.helpers import header, rec, user
 
 T = _jsonl.ROOT_LOCK_TIMEOUT
 
 
 class FakeTime:
-    """``time`` for :mod:`harness.persistence._jsonl`: a monotonic clock that moves only
+    """``time`` for :mod:`harness.persistence._jsonl_lock`: a monotonic clock that moves only
     when the test says, and a ``sleep`` that counts the waiter's polls."""
 
     def __init__(self) -> None:
