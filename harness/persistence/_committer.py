@@ -43,10 +43,19 @@ _TRIO_START: Final = trio.lowlevel.start_thread_soon
 
 try:
     # Private, read only to find ``start_thread_soon`` where ``to_thread`` finds it
-    # (the thread gate of ``harness.faults.explore`` replaces it there).
+    # (the thread gate of ``harness.faults.explore`` replaces it there); a Trio that
+    # moved it falls back to the public function.
     import trio._threads as _trio_threads
 except ImportError:  # pragma: no cover
     _trio_threads = None  # type: ignore[assignment]
+
+
+def thread_starter() -> Callable[..., None]:
+    """``start_thread_soon`` as ``trio.to_thread`` finds it now, looked up at each call:
+    a harness that wraps it for ``to_thread`` (the thread gate of
+    ``harness.faults.explore``, which makes thread completions deterministic) sees the
+    committer's rounds and the writer's hops too."""
+    return getattr(_trio_threads, "start_thread_soon", _TRIO_START)
 
 
 class Withdrawn(Exception):
@@ -266,7 +275,7 @@ class GroupCommitter:
         # replaced it (the thread gate of ``harness.faults.explore``) sees this round as
         # one of its worker threads and hands its result back deterministically. Only
         # the carrier differs; the rounds, the waits and their bounds are the same.
-        start = getattr(_trio_threads, "start_thread_soon", _TRIO_START)
+        start = thread_starter()
         if start is not _TRIO_START:
             start(fn, deliver, "harness group commit round")
         else:

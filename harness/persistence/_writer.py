@@ -16,7 +16,7 @@ import trio
 
 from harness.errors import FlushError, PersistenceError, WriterWedgedError
 from harness.persistence._backend import Backend, GroupWrite, WriterLease
-from harness.persistence._committer import CommitJob, GroupCommitter
+from harness.persistence._committer import CommitJob, GroupCommitter, thread_starter
 from harness.session import Event, Session, event_to_record
 
 if TYPE_CHECKING:
@@ -151,24 +151,13 @@ async def _hop(call: _BoundedCall[T], tokens: trio.CapacityLimiter) -> outcome.O
         waiting = False  # abandoned: the thread's result is dropped, its token returned
         return trio.lowlevel.Abort.SUCCEEDED
 
-    # Looked up where ``trio.to_thread`` looks it up, at each call: a harness that
-    # wraps it for ``to_thread`` (the thread gate of ``harness.faults.explore``, which
-    # makes thread completions deterministic) sees this hop too.
-    start = getattr(_trio_threads, "start_thread_soon", trio.lowlevel.start_thread_soon)
+    start = thread_starter()  # where ``to_thread`` finds it: the explorer's gate sees this hop
     try:
         start(call.run, deliver)
     except BaseException:
         tokens.release_on_behalf_of(call)
         raise
     return await trio.lowlevel.wait_task_rescheduled(abort)  # type: ignore[no-any-return]
-
-
-try:
-    # Private, read only to find ``start_thread_soon`` where ``to_thread`` finds it (see
-    # ``_hop``); a Trio that moved it falls back to the public function.
-    import trio._threads as _trio_threads
-except ImportError:  # pragma: no cover
-    _trio_threads = None  # type: ignore[assignment]
 
 
 class _BoundedCall(Generic[T]):
