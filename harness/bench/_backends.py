@@ -55,6 +55,22 @@ def _factory(kind: str, tmp: Path) -> Iterator[Factory]:
         yield sqlite
         return
     from harness.persistence import PostgresBackend
+
+    run = secrets.token_hex(4)
+    with postgres_server(f"bench_{run}_") as url:
+
+        def postgres() -> Backend:
+            counter[0] += 1
+            return PostgresBackend(url, schema=f"bench_{run}_{counter[0]}")
+
+        yield postgres
+
+
+@contextlib.contextmanager
+def postgres_server(prefix: str) -> Iterator[str]:
+    """The PostgreSQL server the benches use: ``HARNESS_BENCH_POSTGRES_URL`` (the
+    schemas named ``prefix*`` are dropped afterwards), else a throwaway local cluster
+    (destroyed afterwards)."""
     from harness.persistence._postgres_cluster import missing, start_cluster
 
     url = os.environ.get(URL_ENV)
@@ -65,19 +81,13 @@ def _factory(kind: str, tmp: Path) -> Iterator[Factory]:
             raise RuntimeError(f"harness bench --backend postgres: set {URL_ENV} or install the server: {why}")
         cluster = start_cluster()
         url = cluster.url
-    run = secrets.token_hex(4)
-
-    def postgres() -> Backend:
-        counter[0] += 1
-        return PostgresBackend(url, schema=f"bench_{run}_{counter[0]}")
-
     try:
-        yield postgres
+        yield url
     finally:
         if cluster is not None:
             cluster.destroy()
         else:
-            _drop_schemas(url, f"bench_{run}_")
+            _drop_schemas(url, prefix)
 
 
 def _drop_schemas(url: str, prefix: str) -> None:

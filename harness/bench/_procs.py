@@ -39,7 +39,7 @@ from typing import IO, Any, Final
 import attrs
 import orjson
 
-from harness.bench._backends import URL_ENV, _drop_schemas
+from harness.bench._backends import postgres_server
 from harness.bench._procs_worker import backend_for
 from harness.bench._runner import Result
 from harness.errors import PersistedSessionNotFoundError
@@ -242,24 +242,9 @@ def target_of(kind: str, tmp: Path) -> Iterator[str]:
     if kind == "sqlite":
         yield str(tmp / f"db-{secrets.token_hex(4)}.sqlite")
         return
-    from harness.persistence._postgres_cluster import missing, start_cluster
-
-    url = os.environ.get(URL_ENV)
-    cluster = None
-    if not url:
-        why = missing()
-        if why is not None:
-            raise RuntimeError(f"harness bench --backend postgres: set {URL_ENV} or install the server: {why}")
-        cluster = start_cluster()
-        url = cluster.url
     schema = f"bench_{secrets.token_hex(4)}"
-    try:
+    with postgres_server(schema) as url:
         yield f"{url}#{schema}"
-    finally:
-        if cluster is not None:
-            cluster.destroy()
-        else:
-            _drop_schemas(url, schema)
 
 
 def w18(
