@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any, Final
@@ -221,6 +222,12 @@ class GroupCommitter:
         self._queue: list[CommitJob] = []
         self._in_flight: list[CommitJob] | None = None  # the round on the thread
         self._thread = _WriterThread(f"harness group commit ({backend.name})")
+        # The bounded waits (:meth:`wait_bounded`): job -> its Trio-clock deadline, and
+        # the one watchdog task that enforces them (see :meth:`_watch`).
+        self._watched: dict[CommitJob, float] = {}
+        self._watching = False
+        self._watch_scope: trio.CancelScope | None = None  # the watchdog's sleep
+        self._watch_idle_until = -math.inf  # it lingers until the last deadline seen
         #: Rounds written, and batches in them (observability for tests and benches).
         self.rounds = 0
         self.batches = 0
@@ -256,6 +263,77 @@ class GroupCommitter:
 
         return await trio.lowlevel.wait_task_rescheduled(abort)  # type: ignore[no-any-return]
 
+    async def wait_bounded(self, job: CommitJob, deadline: float) -> outcome.Outcome[None] | None:
+        """Wait for the round that writes ``job``, not interruptible by cancellation,
+        until ``deadline`` on the Trio clock: the job's outcome, or ``None`` if the
+        deadline passed first (the job stays in its round; its outcome, when it comes,
+        is kept in ``job.result``).
+
+        The shielded, bounded wait of :meth:`SessionWriter._commit` without a cancel
+        scope of its own: entering and leaving a shielded scope with a deadline was a
+        tenth of a durable flush's Trio-thread work at 64 sessions (issue 26). The
+        shield is the abort function's refusal; the deadline is kept by one watchdog
+        task per committer (:meth:`_watch`), which a wait arms only when its deadline
+        is earlier than the one the watchdog already sleeps to (i.e. not at all while
+        the bound is the same for every wait).
+
+        Cancellation: none is delivered here (the caller's cancellation stays pending
+        for its next checkpoint, as after a shielded scope; so does a
+        ``KeyboardInterrupt``)."""
+        if job.result is not None:
+            return job.result
+        job.task = trio.lowlevel.current_task()
+        self._watched[job] = deadline
+        if deadline > self._watch_idle_until:
+            self._watch_idle_until = deadline
+        if not self._watching:
+            self._watching = True
+            # A system task: the bounds hold while the caller's nursery is cancelled
+            # (a close in a cancelled block), as a shielded scope's deadline did, and
+            # the watchdog never outlives the run.
+            trio.lowlevel.spawn_system_task(self._watch, name="harness group-commit watchdog")
+        else:
+            scope = self._watch_scope
+            if scope is not None and deadline < scope.deadline:
+                scope.deadline = deadline  # a shorter bound than the watchdog's (rare)
+
+        def refuse(_: Any) -> trio.lowlevel.Abort:
+            return trio.lowlevel.Abort.FAILED  # shielded: the round's outcome wakes it
+
+        return await trio.lowlevel.wait_task_rescheduled(refuse)  # type: ignore[no-any-return]
+
+    async def _watch(self) -> None:
+        """The watchdog of the bounded waits: wakes every waiter whose deadline passed
+        (with ``None``), sleeps until the earliest deadline still watched, and ends
+        once nothing was watched up to the last deadline it saw (the next wait starts
+        a new one). A system task: never raises (its cancellation, at the end of the
+        run, finds no waiter left)."""
+        try:
+            while True:
+                now = trio.current_time()
+                watched = self._watched
+                for job in [j for j, d in watched.items() if d <= now]:
+                    del watched[job]
+                    task, job.task = job.task, None
+                    if task is not None:
+                        trio.lowlevel.reschedule(task, outcome.Value(None))
+                if watched:
+                    until = min(watched.values())
+                elif now < self._watch_idle_until:
+                    until = self._watch_idle_until
+                else:
+                    return
+                with trio.CancelScope(deadline=until) as scope:
+                    self._watch_scope = scope
+                    await trio.sleep_forever()
+                self._watch_scope = None
+        except trio.Cancelled:
+            return  # the run is ending: no waiter is left
+        finally:
+            self._watch_scope = None
+            self._watching = False
+            self._watch_idle_until = -math.inf
+
     def _next_round(self) -> None:
         jobs, self._queue = self._queue, []
         self._in_flight = jobs
@@ -288,11 +366,13 @@ class GroupCommitter:
             errors: list[BaseException | None] = [result.error] * len(jobs)
         else:
             errors = result.unwrap()
+        watched = self._watched
         for job, err in zip(jobs, errors, strict=True):
             job.result = outcome.Value(None) if err is None else outcome.Error(err)
             task, job.task = job.task, None
             if task is not None:
                 trio.lowlevel.reschedule(task, outcome.Value(job.result))
+            watched.pop(job, None)
         if self._in_flight is jobs:
             self._in_flight = None
         if self._queue and self._in_flight is None:

@@ -502,8 +502,8 @@ class SessionWriter:
         job = CommitJob(lambda: self._thread_prepare(batch), self._thread_finish)
         committer.submit(job)
         while True:
-            with trio.CancelScope(shield=True, deadline=deadline):
-                result = await committer.wait(job)
+            result = await committer.wait_bounded(job, deadline)
+            if result is not None:
                 result.unwrap()
                 return
             if job.result is not None:  # it came back as the deadline fired
