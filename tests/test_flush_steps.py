@@ -1,0 +1,199 @@
+"""The Trio-thread cost of a durable flush (issue 26, W9/W17): one schedule point per
+flush that writes (its wait for the round), not three (the barrier checkpoint, the
+writer lock's checkpoint, the wait), and no cancel scope per flush (the bounded,
+shielded wait is kept by one watchdog task per committer). These pin the structure
+(task steps, counted by an instrument: deterministic, not timed) and that the contracts
+stay: a flush is a checkpoint, a cancelled caller writes nothing, the bound holds."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+import trio.testing
+
+from harness.errors import WriterWedgedError
+from harness.persistence import JsonlBackend, open_persistence
+from harness.persistence import _writer as writer_module
+from harness.runtime import SessionHandle, open_store
+from tests.test_group_commit import GatedJsonl, on_disk, started
+
+
+class _Steps(trio.abc.Instrument):
+    def __init__(self) -> None:
+        self.steps = 0
+
+    def before_task_step(self, task: trio.lowlevel.Task) -> None:
+        self.steps += 1
+
+
+async def _steps_of_flushes(h: SessionHandle, count: int, *, append: bool) -> int:
+    """Task steps while ``count`` flushes run (each after an append if ``append``)."""
+    total = 0
+    for i in range(count):
+        if append:
+            await h.append("feedback/record", i)
+        steps = _Steps()
+        trio.lowlevel.add_instrument(steps)
+        try:
+            await h.flush()
+        finally:
+            trio.lowlevel.remove_instrument(steps)
+        total += steps.steps
+    return total
+
+
+async def live(store: Any, sid: str) -> SessionHandle:
+    """A session whose log is materialized (its first write done): one event, 0."""
+    h: SessionHandle = await store.create(sid, cwd="/w")
+    await h.append("feedback/record", 0)
+    await h.flush()
+    return h
+
+
+async def test_a_durable_flush_is_two_task_steps(tmp_path: Path) -> None:
+    # The flusher submits its batch and parks once: the round's completion (one
+    # ``run_sync_soon`` callback) is one step, the flusher's resumption the other. The
+    # old path took four: a barrier checkpoint and the writer lock's checkpoint
+    # before the park, each a whole scheduler pass.
+    async with open_store() as store, open_persistence(store, JsonlBackend(tmp_path), write_delay=1000) as p:
+        h = await live(store, "s")  # the first write (header, file): not counted
+        await trio.testing.wait_all_tasks_blocked()
+        rounds = p.committer.rounds
+        assert await _steps_of_flushes(h, 10, append=True) == 20
+        assert p.committer.rounds == rounds + 10  # each flush did write
+    assert on_disk(tmp_path, "s")[-10:] == list(range(10))
+
+
+async def test_a_flush_with_nothing_to_write_is_one_step(tmp_path: Path) -> None:
+    async with open_store() as store, open_persistence(store, JsonlBackend(tmp_path), write_delay=1000) as p:
+        h = await live(store, "s")
+        await trio.testing.wait_all_tasks_blocked()
+        rounds = p.committer.rounds
+        assert await _steps_of_flushes(h, 10, append=False) == 10
+        assert p.committer.rounds == rounds
+
+
+@pytest.mark.parametrize("append", [True, False], ids=["writes", "nothing-to-write"])
+async def test_a_flush_is_a_checkpoint(tmp_path: Path, append: bool) -> None:
+    # A cancel point and a schedule point, whether it writes (the wait is its only
+    # schedule point) or not (one added), and whether persistence hears the session.
+    async with open_store() as store:
+        bare = await store.create("bare", cwd="/w")
+        with trio.testing.assert_checkpoints():
+            assert await bare.flush() is False  # no flush listener
+        async with open_persistence(store, JsonlBackend(tmp_path), write_delay=1000):
+            h = await live(store, "s")
+            if append:
+                await h.append("feedback/record", 1)
+            with trio.testing.assert_checkpoints():
+                assert await h.flush() is True
+
+
+async def test_a_cancelled_flush_writes_nothing_and_a_later_one_does(tmp_path: Path) -> None:
+    async with open_store() as store, open_persistence(store, JsonlBackend(tmp_path), write_delay=1000) as p:
+        h = await live(store, "s")
+        await h.append("feedback/record", 1)
+        rounds = p.committer.rounds
+        with trio.CancelScope() as scope:
+            scope.cancel()
+            await h.flush()
+            pytest.fail("not cancelled")
+        assert p.committer.rounds == rounds and on_disk(tmp_path, "s") == [0]
+        await h.flush()
+        assert on_disk(tmp_path, "s") == [0, 1]
+
+
+async def test_a_cancelled_waiter_returns_once_its_batch_is_durable(tmp_path: Path) -> None:
+    # The wait is shielded by its abort function (no cancel scope): the flush returns
+    # when the round comes back, and the cancellation lands at the next checkpoint.
+    backend = GatedJsonl(tmp_path)
+    async with open_store() as store, open_persistence(store, backend, write_delay=1000):
+        h = await live(store, "s")
+        await h.append("feedback/record", 1)
+        backend.gate.clear()
+        returned: list[bool] = []
+        async with trio.open_nursery() as n:
+
+            async def flush() -> None:
+                with trio.CancelScope() as scope:
+                    waiter_scope.append(scope)
+                    await h.flush()
+                    returned.append(True)
+                    await trio.lowlevel.checkpoint()
+                    returned.append(False)  # not reached: cancelled
+
+            waiter_scope: list[trio.CancelScope] = []
+            n.start_soon(flush)
+            await started(backend)
+            waiter_scope[0].cancel()
+            await trio.testing.wait_all_tasks_blocked()
+            assert returned == []  # still waiting for its round
+            backend.gate.set()
+        assert returned == [True]
+    assert on_disk(tmp_path, "s") == [0, 1]
+
+
+async def test_a_shorter_bound_set_later_still_applies(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mock_clock: trio.testing.MockClock
+) -> None:
+    # The watchdog sleeps until the earliest deadline it knows; a wait with an earlier
+    # one (the bound lowered meanwhile) wakes it sooner. Both clocks bound each wait.
+    clock = mock_clock
+    wall = [0.0]
+    monkeypatch.setattr(writer_module, "wall_clock", lambda: wall[0])
+    monkeypatch.setattr(writer_module, "WRITE_WAIT_LIMIT", 10.0)
+    backend = GatedJsonl(tmp_path)
+    errors: dict[str, BaseException] = {}
+
+    async def flush(h: SessionHandle) -> None:
+        try:
+            await h.flush()
+        except WriterWedgedError as exc:
+            errors[h.id] = exc
+
+    try:
+        async with open_store() as store:
+            with pytest.raises(Exception, match="closing failed"):
+                async with open_persistence(store, backend, write_delay=60) as p:
+                    a = await live(store, "a")
+                    b = await live(store, "b")
+                    backend.gate.clear()
+                    async with trio.open_nursery() as n:
+                        await a.append("feedback/record", 1)
+                        n.start_soon(flush, a)  # bound 10 s
+                        await started(backend)
+                        monkeypatch.setattr(writer_module, "WRITE_WAIT_LIMIT", 1.0)
+                        await b.append("feedback/record", 1)
+                        n.start_soon(flush, b)  # bound 1 s, queued behind a's round
+                        await trio.testing.wait_all_tasks_blocked()
+                        wall[0] = 2.0
+                        clock.jump(2)
+                        await trio.testing.wait_all_tasks_blocked()
+                        assert set(errors) == {"b"} and p._writers["a"].wedged is None
+                        wall[0] = 11.0
+                        clock.jump(9)
+                    assert set(errors) == {"a", "b"}
+                    backend.gate.set()
+                    await trio.to_thread.run_sync(lambda: None)
+                    await trio.testing.wait_all_tasks_blocked()
+    finally:
+        backend.gate.set()
+    assert on_disk(tmp_path, "b") == [0]  # withdrawn before a round took it
+
+
+async def test_the_watchdog_ends_when_nothing_is_watched(
+    tmp_path: Path, mock_clock: trio.testing.MockClock
+) -> None:
+    async with open_store() as store, open_persistence(store, JsonlBackend(tmp_path), write_delay=1000) as p:
+        h = await live(store, "s")
+        assert p.committer._watching  # lingers until the last deadline it saw
+        mock_clock.jump(writer_module.WRITE_WAIT_LIMIT + 1)
+        await trio.testing.wait_all_tasks_blocked()
+        assert not p.committer._watching and not p.committer._watched
+        await h.append("feedback/record", 1)
+        await h.flush()  # a new wait starts a new one
+        assert p.committer._watching
+    assert on_disk(tmp_path, "s") == [0, 1]
