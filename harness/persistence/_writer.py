@@ -247,7 +247,7 @@ class SessionWriter:
       enqueue. No failure of a background write escapes into the nursery.
     * Writes go through the persistence's :class:`~._committer.GroupCommitter` (its
       writer thread writes the batches of every session queued meanwhile in one round:
-      group commit), waited for inside a shielded scope bounded by
+      group commit), waited for shielded (:meth:`GroupCommitter.wait_bounded`), bounded by
       :data:`WRITE_WAIT_LIMIT` on both clocks: a durable write is never abandoned
       half-way by a cancellation; a cancelled caller gets ``Cancelled`` once it
       returns. A write that overruns the bound *wedges* the writer: every later flush

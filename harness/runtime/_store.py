@@ -700,7 +700,13 @@ class Store:
         any listener heard it.
 
         The session's queued messages are handled first (a barrier), so everything
-        appended before the call is covered. Cancellation propagates to the listeners.
+        appended before the call is covered.
+
+        Cancellation: a checkpoint. A caller cancelled before it runs the listeners gets
+        ``Cancelled`` and none runs; a cancellation meanwhile propagates to the
+        listeners. It yields once whatever they do: for an idle session the listeners'
+        own wait (a durable write) is the schedule point, and one is added only when
+        they had none.
 
         A session entered but not announced has not been shown to any listener (no
         ``session/created``): its flush runs the barrier only and returns ``False``
