@@ -197,3 +197,16 @@ async def test_the_watchdog_ends_when_nothing_is_watched(
         await h.flush()  # a new wait starts a new one
         assert p.committer._watching
     assert on_disk(tmp_path, "s") == [0, 1]
+
+
+async def test_the_watchdog_ends_with_the_persistence(tmp_path: Path) -> None:
+    # It lingers between flushes (not one task per flush), but no task outlives the
+    # persistence's block (the chaos scenarios check that no task is left).
+    async with open_store() as store:
+        async with open_persistence(store, JsonlBackend(tmp_path), write_delay=1000) as p:
+            h = await live(store, "s")
+            await h.append("feedback/record", 1)
+            await h.flush()
+            assert p.committer._watching
+        await trio.testing.wait_all_tasks_blocked()
+        assert not p.committer._watching

@@ -228,6 +228,7 @@ class GroupCommitter:
         self._watching = False
         self._watch_scope: trio.CancelScope | None = None  # the watchdog's sleep
         self._watch_idle_until = -math.inf  # it lingers until the last deadline seen
+        self._watch_closing = False  # closed: it ends as soon as nothing is watched
         #: Rounds written, and batches in them (observability for tests and benches).
         self.rounds = 0
         self.batches = 0
@@ -319,7 +320,7 @@ class GroupCommitter:
                         trio.lowlevel.reschedule(task, outcome.Value(None))
                 if watched:
                     until = min(watched.values())
-                elif now < self._watch_idle_until:
+                elif now < self._watch_idle_until and not self._watch_closing:
                     until = self._watch_idle_until
                 else:
                     return
@@ -373,6 +374,8 @@ class GroupCommitter:
             if task is not None:
                 trio.lowlevel.reschedule(task, outcome.Value(job.result))
             watched.pop(job, None)
+        if self._watch_closing:
+            self._end_idle_watch()
         if self._in_flight is jobs:
             self._in_flight = None
         if self._queue and self._in_flight is None:
@@ -380,5 +383,13 @@ class GroupCommitter:
 
     def close(self) -> threading.Thread | None:
         """Stop the writer thread once it is idle (a later round starts a new one); the
-        thread, if one runs (to join). A round on it finishes first."""
+        thread, if one runs (to join). A round on it finishes first. The watchdog of
+        the bounded waits ends once none is left (no task outlives the persistence);
+        a later wait starts a new one, which no longer lingers."""
+        self._watch_closing = True
+        self._end_idle_watch()
         return self._thread.stop()
+
+    def _end_idle_watch(self) -> None:
+        if not self._watched and self._watch_scope is not None:
+            self._watch_scope.cancel()  # it wakes, finds nothing watched, and ends
