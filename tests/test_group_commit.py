@@ -20,9 +20,10 @@ import trio.testing
 
 from harness.errors import FlushError, WriterWedgedError
 from harness.persistence import JsonlBackend, open_persistence
+from harness.persistence import _committer as committer_module
 from harness.persistence import _writer as writer_module
 from harness.persistence._backend import GroupWrite
-from harness.persistence._committer import group_writer
+from harness.persistence._committer import GroupWriterCache, _WriterThread, group_writer
 from harness.persistence._files import OsFiles
 from harness.runtime import SessionHandle, open_store
 
@@ -299,6 +300,40 @@ def test_many_runs_in_one_process_each_end_their_thread(tmp_path: Path) -> None:
     assert len(set(threads)) == 5 and not any(t.is_alive() for t in threads)
 
 
+def test_the_writer_thread_runs_what_was_handed_to_it_before_and_after_a_stop() -> None:
+    thread = _WriterThread("test writer")
+    gate = threading.Event()
+    delivered: list[str] = []
+    done = threading.Event()
+    thread.start_soon(lambda: gate.wait(10), lambda _: delivered.append("a"))
+    thread.start_soon(lambda: None, lambda _: delivered.append("b"))
+    first = thread.stop()  # ends once the inbox is empty...
+    thread.start_soon(lambda: None, lambda _: (delivered.append("c"), done.set()))  # ...which it is not
+    gate.set()
+    assert done.wait(10)
+    assert thread.stop() is first  # the same thread ran c; this stop ends it
+    assert first is not None
+    first.join(10)
+    assert not first.is_alive() and thread._thread is None and delivered == ["a", "b", "c"]
+
+
+def test_a_writer_thread_that_ended_idle_is_replaced_by_the_next_hand_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    # No linger: the thread ends whenever its inbox is empty, so every hand-off races
+    # an ending thread; none may be left in an inbox that no thread reads.
+    monkeypatch.setattr(committer_module, "THREAD_IDLE_LINGER", 0.0)
+    thread = _WriterThread("test writer")
+    ran: list[int] = []
+    for i in range(200):
+        done = threading.Event()
+        thread.start_soon(lambda i=i: ran.append(i), lambda _, done=done: done.set())
+        assert done.wait(10)
+    assert ran == list(range(200))
+    last = thread.stop()
+    if last is not None:
+        last.join(10)
+    assert thread._thread is None
+
+
 def test_a_subclass_that_replaces_append_is_written_through_it(tmp_path: Path) -> None:
     class Replaced(JsonlBackend):
         def append(self, session_id: str, records: list[dict[str, Any]], **kw: Any) -> None:
@@ -313,6 +348,51 @@ def test_a_subclass_that_replaces_append_is_written_through_it(tmp_path: Path) -
     assert group_writer(Replaced(tmp_path)) is None
     plain.append = lambda *a, **k: None  # type: ignore[method-assign]
     assert group_writer(plain) is None
+
+
+def test_the_cached_decision_sees_a_replacement_made_after_it(tmp_path: Path) -> None:
+    # The committer keeps group_writer's decision between rounds: a method replaced on
+    # the class (or one of its bases) or on the instance afterwards must still be seen.
+    class Late(JsonlBackend):
+        pass
+
+    cache = GroupWriterCache()
+    backend = Late(tmp_path)
+    assert group_writer(backend, cache) is not None
+    Late.append = lambda self, *a, **k: None  # type: ignore[method-assign]
+    assert group_writer(backend, cache) is None
+    del Late.append  # type: ignore[attr-defined]
+    assert group_writer(backend, cache) is not None
+    Late.write_group = lambda self, writes: []  # type: ignore[method-assign]  # a write_group that sees them
+    Late.materialize = lambda self, *a, **k: None  # type: ignore[method-assign]
+    assert group_writer(backend, cache) is not None
+    del Late.write_group, Late.materialize  # type: ignore[attr-defined]
+    assert group_writer(backend, cache) is not None
+    backend.materialize = lambda *a, **k: None  # type: ignore[method-assign]
+    assert group_writer(backend, cache) is None
+
+
+async def test_an_append_replaced_on_the_instance_after_rounds_ran_is_written_through(tmp_path: Path) -> None:
+    # A fault layer replaces ``append`` on a backend whose committer already decided
+    # (and cached) that rounds go through ``write_group``.
+    backend = JsonlBackend(tmp_path)
+    calls: list[str] = []
+    real = backend.append
+
+    def append(session_id: str, records: list[dict[str, Any]], **kw: Any) -> None:
+        calls.append(session_id)
+        real(session_id, records, **kw)
+
+    async with open_store() as store, open_persistence(store, backend) as p:
+        (a,) = await sessions(store, "a")
+        await a.append("feedback/record", 1)
+        await a.flush()
+        assert calls == [] and p.committer.rounds >= 2
+        backend.append = append  # type: ignore[method-assign]
+        await a.append("feedback/record", 2)
+        await a.flush()
+        assert calls == ["a"]
+    assert on_disk(tmp_path, "a") == [0, 1, 2]
 
 
 def test_fsync_each_reports_each_descriptor_s_own_failure(tmp_path: Path) -> None:

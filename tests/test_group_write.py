@@ -16,6 +16,7 @@ import pytest
 
 from harness.errors import (
     LeaseLostError,
+    PersistedSessionNotFoundError,
     PersistenceError,
     RecordEncodingError,
     SessionCorruptionError,
@@ -377,3 +378,36 @@ def test_the_group_write_scenario_finds_a_batch_not_rolled_back(monkeypatch: pyt
     monkeypatch.setattr(SqliteBackend, "_group_batch", keep_the_batch)
     report = explore_io(scenario, errors=["full"], stride=2)
     assert any("were reported durable" in v.message for v in report.violations), report.distinct()
+
+
+# -- JSONL: the remembered log is taken on trust (no stat per append) --------------------------
+
+
+@pytest.mark.parametrize("through", ["append", "write_group"])
+def test_jsonl_an_append_to_a_log_deleted_behind_its_back_is_not_found(tmp_path: Path, through: str) -> None:
+    writer, other = JsonlBackend(tmp_path), JsonlBackend(tmp_path)
+    writer.materialize(header("s"), events(0, 1))
+    other.delete("s")  # another instance (process): ``writer`` still remembers the path
+    if through == "append":
+        with pytest.raises(PersistedSessionNotFoundError, match='session "s" not found'):
+            writer.append("s", events(1, 1))
+    else:
+        (err,) = writer.write_group([more("s", events(1, 1))])
+        assert isinstance(err, PersistedSessionNotFoundError)
+    assert JsonlBackend(tmp_path).list_headers() == []
+
+
+@pytest.mark.parametrize("through", ["append", "write_group"])
+def test_jsonl_an_append_follows_a_log_re_created_in_another_project(tmp_path: Path, through: str) -> None:
+    # The remembered path is gone; the id now lives under another cwd: the append goes
+    # there, as ``locate`` finds it (what the stat before every append used to tell).
+    writer, other = JsonlBackend(tmp_path), JsonlBackend(tmp_path)
+    writer.materialize(header("s"), events(0, 1))
+    other.delete("s")
+    other.materialize({**header("s"), "cwd": "/elsewhere"}, events(0, 1))
+    if through == "append":
+        writer.append("s", events(1, 1))
+    else:
+        assert writer.write_group([more("s", events(1, 1))]) == [None]
+    stored = JsonlBackend(tmp_path).load("s")
+    assert stored.header["cwd"] == "/elsewhere" and seqs(JsonlBackend(tmp_path), "s") == [0, 1]

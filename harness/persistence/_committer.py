@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import queue
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any, Final
@@ -103,26 +104,69 @@ def _defined_in(cls: type, name: str) -> type | None:
     return next((k for k in cls.__mro__ if name in vars(k)), None)
 
 
-def group_writer(backend: Backend) -> Callable[[Sequence[GroupWrite]], list[BaseException | None]] | None:
-    """``backend.write_group``, unless the backend's ``append`` or ``materialize`` was
-    replaced where its ``write_group`` does not see it (a subclass overriding them
-    below the class that defines ``write_group``, or an instance attribute: a test's
-    fault injection, a wrapper): the round then writes through them one by one
-    (:func:`write_each`), so a replacement is never silently bypassed."""
-    cls = type(backend)
+def _group_capable(cls: type) -> bool:
+    """Whether ``cls``'s ``write_group`` sees its ``append`` and ``materialize`` (no
+    class below the one defining ``write_group`` replaces them)."""
     owner = _defined_in(cls, "write_group")
-    own = getattr(backend, "__dict__", {})
-    if owner is None or "append" in own or "materialize" in own:
-        return None
+    if owner is None:
+        return False
     mro = cls.__mro__
     for name in ("append", "materialize"):
         where = _defined_in(cls, name)
         if where is not None and mro.index(where) < mro.index(owner):
-            return None
-    return backend.write_group  # type: ignore[attr-defined, no-any-return]
+            return False
+    return True
 
 
-def run_round(backend: Backend, jobs: Sequence[CommitJob]) -> list[BaseException | None]:
+class GroupWriterCache:
+    """The last :func:`group_writer` decision about a backend's *class*, with what it
+    was made from (the class and the functions its ``write_group``, ``append`` and
+    ``materialize`` resolve to): a class whose methods were replaced since (a test's
+    ``monkeypatch.setattr`` on it or on a base) no longer matches, and is decided
+    again. Instance attributes are looked at every round (they cost a dict lookup)."""
+
+    __slots__ = ("capable", "key")
+
+    def __init__(self) -> None:
+        self.key: tuple[object, ...] | None = None
+        self.capable = False
+
+
+def group_writer(
+    backend: Backend, cache: GroupWriterCache | None = None
+) -> Callable[[Sequence[GroupWrite]], list[BaseException | None]] | None:
+    """``backend.write_group``, unless the backend's ``append`` or ``materialize`` was
+    replaced where its ``write_group`` does not see it (a subclass overriding them
+    below the class that defines ``write_group``, or an instance attribute: a test's
+    fault injection, a wrapper): the round then writes through them one by one
+    (:func:`write_each`), so a replacement is never silently bypassed.
+
+    Called every round (a replacement made at any time, e.g. by a fault layer after the
+    persistence opened, is seen by the next round); ``cache`` spares the walk of the
+    class's MRO while the class is unchanged (see :class:`GroupWriterCache`)."""
+    own = getattr(backend, "__dict__", None)
+    if own and ("append" in own or "materialize" in own):
+        return None
+    cls = type(backend)
+    if cache is None:
+        capable = _group_capable(cls)
+    else:
+        key = (
+            cls,
+            getattr(cls, "write_group", None),
+            getattr(cls, "append", None),
+            getattr(cls, "materialize", None),
+        )
+        if key != cache.key:
+            cache.capable = _group_capable(cls)
+            cache.key = key
+        capable = cache.capable
+    return backend.write_group if capable else None  # type: ignore[attr-defined]
+
+
+def run_round(
+    backend: Backend, jobs: Sequence[CommitJob], cache: GroupWriterCache | None = None
+) -> list[BaseException | None]:
     """Blocking (the writer thread): one round. Each job still wanted is prepared; the
     prepared ones are written together (``write_group`` if the backend has it, else
     :func:`write_each`); each job's ``finish`` runs with its own outcome. The result is
@@ -140,7 +184,7 @@ def run_round(backend: Backend, jobs: Sequence[CommitJob]) -> list[BaseException
         except BaseException as exc:
             results[i] = exc
     if writes:
-        group = group_writer(backend)
+        group = group_writer(backend, cache)
         try:
             done = group(writes) if group is not None else write_each(backend, writes)
             if len(done) != len(writes):
@@ -162,52 +206,63 @@ def run_round(backend: Backend, jobs: Sequence[CommitJob]) -> list[BaseException
     return results
 
 
+_STOP: Final = object()  # the writer thread's inbox: "end once the inbox is empty"
+
+
 class _WriterThread:
     """The committer's own long-lived thread: runs each round handed to it, in order;
     ends after :data:`THREAD_IDLE_LINGER` idle seconds or when stopped (after the
     round it is running). A daemon: a round stuck in the kernel cannot hold the
-    interpreter's exit, exactly as Trio's cached worker threads."""
+    interpreter's exit, exactly as Trio's cached worker threads.
+
+    The inbox is a :class:`queue.SimpleQueue` (C, one lock, no Python-level waiter
+    objects): a hand-off is one ``put`` and the thread's ``get``, instead of a
+    ``Condition`` whose ``notify`` under its lock made the woken thread contend for it
+    (issue 26). ``_lock`` guards only the thread's life (starting one, and the decision
+    to end, which is made with the inbox seen empty under it: a ``start_soon`` that
+    ``put`` before that check is run by this thread, one that ``put`` after it finds no
+    thread and starts one)."""
 
     def __init__(self, name: str) -> None:
         self._name = name
-        self._cond = threading.Condition(threading.Lock())
-        self._inbox: list[tuple[Callable[[], Any], Callable[[outcome.Outcome[Any]], None]]] = []
+        self._lock = threading.Lock()
+        self._inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
-        self._stop = False
 
     def start_soon(self, fn: Callable[[], Any], deliver: Callable[[outcome.Outcome[Any]], None]) -> None:
         """Any thread: run ``fn`` on the writer thread, then ``deliver`` its outcome
         there (the signature of ``trio.lowlevel.start_thread_soon``)."""
-        with self._cond:
-            self._inbox.append((fn, deliver))
-            self._stop = False
+        self._inbox.put((fn, deliver))
+        with self._lock:  # not a racy read outside it: an ending thread may not have cleared it yet
             if self._thread is None:
                 self._thread = threading.Thread(target=self._main, name=self._name, daemon=True)
                 self._thread.start()
-            else:
-                self._cond.notify()
 
     def stop(self) -> threading.Thread | None:
         """End the thread once its inbox is empty; the thread (to join), if one runs."""
-        with self._cond:
-            self._stop = True
-            self._cond.notify()
+        with self._lock:
+            if self._thread is not None:
+                self._inbox.put(_STOP)
             return self._thread
 
     def _main(self) -> None:
-        me = threading.current_thread()
+        get = self._inbox.get
         while True:
-            with self._cond:
-                while not self._inbox:
-                    if self._stop or (not self._cond.wait(THREAD_IDLE_LINGER) and not self._inbox):
-                        if self._thread is me:
-                            self._thread = None
+            try:
+                item = get(timeout=THREAD_IDLE_LINGER)
+            except queue.Empty:
+                item = _STOP
+            if item is _STOP:
+                with self._lock:
+                    if self._inbox.empty():
+                        self._thread = None
                         return
-                fn, deliver = self._inbox.pop(0)
+                continue  # work arrived meanwhile (after a stop: a later round)
+            fn, deliver = item
             deliver(outcome.capture(fn))
             # Not kept while idle: the round's closure holds its writers, and so
             # their sessions (a retired session must be freed by reference counting).
-            del fn, deliver
+            del fn, deliver, item
 
 
 class GroupCommitter:
@@ -229,6 +284,7 @@ class GroupCommitter:
         self._watch_scope: trio.CancelScope | None = None  # the watchdog's sleep
         self._watch_idle_until = -math.inf  # it lingers until the last deadline seen
         self._watch_closing = False  # closed: it ends as soon as nothing is watched
+        self._group_cache = GroupWriterCache()  # the writer thread's (one round at a time)
         #: Rounds written, and batches in them (observability for tests and benches).
         self.rounds = 0
         self.batches = 0
@@ -342,12 +398,13 @@ class GroupCommitter:
         self.batches += len(jobs)
         token = trio.lowlevel.current_trio_token()
         backend = self.backend
+        cache = self._group_cache
 
         def deliver(result: outcome.Outcome[list[BaseException | None]]) -> None:  # the writer thread
             with contextlib.suppress(trio.RunFinishedError):
                 token.run_sync_soon(self._complete, jobs, result)
 
-        self._dispatch(lambda: run_round(backend, jobs), deliver)
+        self._dispatch(lambda: run_round(backend, jobs, cache), deliver)
 
     def _dispatch(self, fn: Callable[[], Any], deliver: Callable[[outcome.Outcome[Any]], None]) -> None:
         # Looked up at each round where ``trio.to_thread`` looks it up: a harness that

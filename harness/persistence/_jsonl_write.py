@@ -29,6 +29,7 @@ from harness.persistence._backend import (
 from harness.persistence._jsonl_lock import _JsonlLocking
 from harness.persistence._jsonl_read import _JsonlReading, _revision
 from harness.session import pack_chunk_runs
+from harness.session._chunks import MIN_ROW_MEMBERS
 
 
 class _JsonlWriting(_JsonlReading, _JsonlLocking):
@@ -41,7 +42,9 @@ class _JsonlWriting(_JsonlReading, _JsonlLocking):
         record that cannot be stored (never a raw ``TypeError`` from orjson)."""
         dumps = orjson.dumps
         try:
-            rows = pack_chunk_runs(records) if self.pack_chunks else records
+            # Fewer records than a packed row's members: nothing can pack (a durable
+            # single append skips the scan).
+            rows = pack_chunk_runs(records) if self.pack_chunks and len(records) >= MIN_ROW_MEMBERS else records
             # Not OPT_APPEND_NEWLINE, although it spares a copy per line: orjson's own
             # output buffers, kept alive together until the join, are malloc blocks
             # (not pymalloc), and a 100k-record batch then wrote 2x slower (W5-write).
@@ -165,13 +168,41 @@ class _JsonlWriting(_JsonlReading, _JsonlLocking):
         """
         if not records:
             return
-        path = self.locate(session_id)
+        self._append_bytes(session_id, self._append_path(session_id), self._batch_payload(session_id, records))
+
+    def _append_path(self, session_id: str) -> Path:
+        """Where to append: the log this instance last wrote or found, taken on trust
+        (no ``stat``: :meth:`_open_log` finds out if it is gone and locates it again),
+        else located; :class:`PersistedSessionNotFoundError` if there is none."""
+        path = self._paths.get(session_id) or self.locate(session_id)
         if path is None:
             raise PersistedSessionNotFoundError(f'session "{session_id}" not found', session_id=session_id)
-        self._append_bytes(session_id, path, self._batch_payload(session_id, records))
+        return path
+
+    def _open_log(self, session_id: str, path: Path) -> tuple[Path, int]:
+        """Open ``path`` to append: the path opened (another one if the remembered log
+        is gone and the session is found elsewhere) and its descriptor. A log that is
+        gone and found nowhere is :class:`PersistedSessionNotFoundError`, as
+        :meth:`locate` answers (the ``stat`` it made before every append told the same
+        thing, one syscall earlier and without closing the race this closes)."""
+        flags = os.O_WRONLY | os.O_APPEND
+        try:
+            try:
+                return path, self.files.open(str(path), flags)
+            except FileNotFoundError:
+                if self._paths.get(session_id) == path:
+                    del self._paths[session_id]
+                found = self.locate(session_id)
+                if found is None:
+                    raise PersistedSessionNotFoundError(
+                        f'session "{session_id}" not found', session_id=session_id
+                    ) from None
+                return found, self.files.open(str(found), flags)
+        except OSError as exc:
+            raise StorageIOError(f'opening session "{session_id}" failed: {exc}', session_id=session_id) from exc
 
     def _append_bytes(self, session_id: str, path: Path, payload: bytes) -> None:
-        fd, size = self._open_and_write(session_id, path, payload)
+        path, fd, size = self._open_and_write(session_id, path, payload)
         try:
             try:
                 self.files.fsync(fd)
@@ -181,14 +212,12 @@ class _JsonlWriting(_JsonlReading, _JsonlLocking):
             with contextlib.suppress(OSError):
                 self.files.close(fd)
 
-    def _open_and_write(self, session_id: str, path: Path, payload: bytes) -> tuple[int, int]:
-        """Open the log, settle a torn tail, write ``payload``: the open descriptor and
-        the size to roll back to. A failed write is rolled back (and raised); the
-        caller fsyncs, rolls back a failed fsync (:meth:`_roll_back`) and closes."""
-        try:
-            fd = self.files.open(str(path), os.O_WRONLY | os.O_APPEND)
-        except OSError as exc:
-            raise StorageIOError(f'opening session "{session_id}" failed: {exc}', session_id=session_id) from exc
+    def _open_and_write(self, session_id: str, path: Path, payload: bytes) -> tuple[Path, int, int]:
+        """Open the log (:meth:`_open_log`), settle a torn tail, write ``payload``: the
+        path opened, the open descriptor and the size to roll back to. A failed write
+        is rolled back (and raised); the caller fsyncs, rolls back a failed fsync
+        (:meth:`_roll_back`) and closes."""
+        path, fd = self._open_log(session_id, path)
         try:
             size = self._settle_torn_tail(session_id, path, fd)
             try:
@@ -199,7 +228,7 @@ class _JsonlWriting(_JsonlReading, _JsonlLocking):
             with contextlib.suppress(OSError):
                 self.files.close(fd)
             raise
-        return fd, size
+        return path, fd, size
 
     def _roll_back(self, session_id: str, path: Path, fd: int, size: int, exc: OSError) -> StorageIOError:
         """After a failed write or fsync: truncate back to ``size`` and fsync; the error
@@ -227,6 +256,9 @@ class _JsonlWriting(_JsonlReading, _JsonlLocking):
         session land in the order given: a session seen again starts a new round, and a
         batch behind a failed batch of its session is not written (it would leave a gap)."""
         results: list[BaseException | None] = [None] * len(writes)
+        if len(writes) == 1:  # one batch (a durable single append): no round bookkeeping
+            results[0] = self._write_one(writes[0])
+            return results
         failed: dict[str, BaseException] = {}
         start = 0
         while start < len(writes):
@@ -250,6 +282,30 @@ class _JsonlWriting(_JsonlReading, _JsonlLocking):
             start = end
         return results
 
+    def _write_one(self, w: GroupWrite) -> BaseException | None:
+        """:meth:`_write_round` of a lone batch, step for step (its fsync still goes
+        through ``fsync_each``, as a round's), without the lists: its error, or None."""
+        try:
+            if not w.materialized:
+                self.materialize(w.header, w.records, lease=w.lease)
+                return None
+            if not w.records:
+                return None
+            sid = w.session_id
+            path, fd, size = self._open_and_write(sid, self._append_path(sid), self._batch_payload(sid, w.records))
+        except Exception as exc:
+            return exc
+        try:
+            (err,) = self.files.fsync_each((fd,))
+            if err is None:
+                return None
+            rolled = self._roll_back(sid, path, fd, size, err)
+            rolled.__cause__ = err
+            return rolled
+        finally:
+            with contextlib.suppress(OSError):
+                self.files.close(fd)
+
     def _write_round(self, writes: Sequence[GroupWrite], indexes: Sequence[int], results: list[BaseException | None]) -> None:
         written: list[tuple[int, Path, int, int]] = []  # index, path, fd, size before
         try:
@@ -259,13 +315,10 @@ class _JsonlWriting(_JsonlReading, _JsonlLocking):
                     if not w.materialized:
                         self.materialize(w.header, w.records, lease=w.lease)
                     elif w.records:
-                        path = self.locate(w.session_id)
-                        if path is None:
-                            raise PersistedSessionNotFoundError(
-                                f'session "{w.session_id}" not found', session_id=w.session_id
-                            )
-                        payload = self._batch_payload(w.session_id, w.records)
-                        written.append((i, path, *self._open_and_write(w.session_id, path, payload)))
+                        sid = w.session_id
+                        path = self._append_path(sid)
+                        payload = self._batch_payload(sid, w.records)
+                        written.append((i, *self._open_and_write(sid, path, payload)))
                 except Exception as exc:
                     results[i] = exc
             synced = self.files.fsync_each([fd for _, _, fd, _ in written])

@@ -36,9 +36,14 @@ from harness.persistence._sqlite_rows import (
 from harness.persistence._sqlite_session_row import _SESSION_COLUMNS, _session_params
 
 _GROUP_SAVEPOINT: Final = "harness_group_batch"
-# The session row's incarnation and revision and its last row's seq (NULL: no rows).
-_SESSION_TAIL: Final = (
-    "SELECT incarnation, revision, (SELECT max(seq) FROM events WHERE session_id = ?1) FROM sessions WHERE id = ?1"
+# An append's revision bump, which also reads what the append checks the stored log
+# against: the session row's incarnation and revision before the bump and its last
+# row's seq (NULL: no rows). One statement instead of a read and a later update (each
+# costs a round trip through the driver, issue 26); inside the append's transaction
+# (or savepoint) the order is not observable, and a refused batch rolls the bump back.
+_BUMP_TAIL: Final = (
+    "UPDATE sessions SET revision = revision + 1 WHERE id = ?1 "
+    "RETURNING incarnation, revision - 1, (SELECT max(seq) FROM events WHERE session_id = ?1)"
 )
 
 
@@ -75,6 +80,7 @@ class SqliteWrites(SqliteLeases):
             params,
         )
         self._insert(db, sid, records, 0, (params[9], 0))
+        self._bump(db, sid)
 
     def _insert(
         self,
@@ -84,11 +90,12 @@ class SqliteWrites(SqliteLeases):
         next_seq: int,
         stored: tuple[str, int] | None = None,
     ) -> None:
-        """Insert a batch's rows (chunk runs packed), which must start at ``next_seq``,
-        and bump the revision. The rows are bound while they are inserted, segment by
-        segment (:func:`bind_segments`): a record the schema cannot hold raises
-        :class:`RecordEncodingError` and the transaction rolls the batch back. The
-        fault layer sees the batch's insert as one statement (:data:`INSERT`).
+        """Insert a batch's rows (chunk runs packed), which must start at ``next_seq``
+        (the caller bumps the revision, before or after). The rows are bound while they
+        are inserted, segment by segment (:func:`bind_segments`): a record the schema
+        cannot hold raises :class:`RecordEncodingError` and the transaction rolls the
+        batch back. The fault layer sees the batch's insert as one statement
+        (:data:`INSERT`).
 
         ``stored``: the session row's (incarnation, revision) before this write, read
         in this transaction: the tail this write leaves is remembered for the next
@@ -108,7 +115,6 @@ class SqliteWrites(SqliteLeases):
             for sql, rows in segments:
                 db.executemany(sql, rows)
                 last_row = rows[-1][1]
-        self._bump(db, sid)
         if stored is not None and first is not None:
             last = records[-1].get("seq")
             if last == next_seq + len(records) - 1:  # contiguous, as the session core writes
@@ -119,7 +125,8 @@ class SqliteWrites(SqliteLeases):
             raise PersistedSessionNotFoundError(f"session {sid} metadata row is missing", session_id=sid)
 
     def _next_seq(self, db: sqlite3.Connection, sid: str) -> tuple[int, tuple[str, int]]:
-        """The stored next seq, and the session row's (incarnation, revision).
+        """The stored next seq, and the session row's (incarnation, revision) before
+        this write; bumps the revision (one statement, :data:`_BUMP_TAIL`).
 
         If that row is still the one this instance's last committed write left (same
         incarnation and revision: every write, by either implementation, bumps the
@@ -131,7 +138,10 @@ class SqliteWrites(SqliteLeases):
         overlaps them (the reference looks for such a row among the 1023 rows before;
         in a valid log only the adjacent one can, and a full load checks them all). A
         tail that does not decode refuses the append."""
-        row = self._exec(db, _SESSION_TAIL, (sid,)).fetchone()
+        # fetchall: the statement runs to its end (an UPDATE ... RETURNING left
+        # unfinished would hold the transaction's statement open).
+        rows = self._exec(db, _BUMP_TAIL, (sid,)).fetchall()
+        row = rows[0] if rows else None
         if row is None:
             raise PersistedSessionNotFoundError(f'session "{sid}" not found', session_id=sid)
         stored = (row[0], row[1])
