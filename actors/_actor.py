@@ -55,9 +55,21 @@ class Actor(Generic[M]):
     and the actor goes on. Any other exception is a
     crash: the failing caller gets it, every pending and later call fails with
     :class:`ActorCrashedError`, and the runtime's supervisor is told.
+
+    Inline messages (decision 0013): messages whose exact type is in
+    :attr:`inline_messages` are handled by the synchronous :meth:`handle_inline`
+    instead of :meth:`handle`, always. When such a message is *called* while the actor
+    is idle, :meth:`ActorRef.call` runs :meth:`handle_inline` on the caller's own task
+    (no task switch); otherwise the actor task runs it, in mailbox order, as any
+    message.
     """
 
     rejections: ClassVar[tuple[type[Exception], ...]] = ()
+    #: Exact message types that :meth:`handle_inline` handles (opt-in; none by default).
+    #: Only for handlers that are synchronous, short, and correct on any task: they
+    #: must not rely on running in the actor task (its context variables, its
+    #: cancel scope, ``trio.lowlevel.current_task()``).
+    inline_messages: ClassVar[frozenset[type[Any]]] = frozenset()
     mailbox_size: ClassVar[int] = 64
     #: Seconds a cancelled caller keeps waiting for a message the actor already took
     #: (see :meth:`ActorRef.call`). Handlers are expected to be short; long work
@@ -88,6 +100,17 @@ class Actor(Generic[M]):
     async def handle(self, message: M) -> Any:
         """Handle one message; runs in the actor task. Cancelled only when the runtime is
         cancelled (a caller's cancellation never interrupts a taken message)."""
+        raise NotImplementedError
+
+    def handle_inline(self, message: M) -> Any:
+        """Handle one message of an :attr:`inline_messages` type, synchronously.
+
+        Runs either in the actor task (the message was mailed: the actor was busy, or
+        it was a cast) or in the task of the caller of :meth:`ActorRef.call` while
+        the actor task stays parked; in both cases with the actor's mutual exclusion
+        (nothing else of this actor runs meanwhile; messages sent meanwhile queue
+        behind it). Replies and crashes as :meth:`handle`'s.
+        """
         raise NotImplementedError
 
     async def on_stop(self) -> None:
@@ -157,9 +180,18 @@ class ActorRef(Generic[M]):
         * the shielded wait is bounded by the actor's ``reply_grace``: a handler
           that overruns it makes the call raise :class:`ReplyOverdueError` (the
           outcome is unknown: reconcile from the actor's state).
+
+        Inline (decision 0013): a message of one of the actor's ``inline_messages``
+        types, called while the actor is idle (parked, nothing queued), is handled
+        on this task at once by ``handle_inline``, the actor task left parked and
+        the actor busy to everyone meanwhile. Same contract: cancelled before, it is
+        not applied; once applied, its result (or error) is returned and a
+        cancellation lands at the next checkpoint; a call is a checkpoint either way.
         """
         self._check()
         await trio.lowlevel.checkpoint_if_cancelled()  # cancelled already: nothing sent
+        if type(message) in self._cell.inline and self._mailbox.borrow():
+            return await self._call_inline(message)
         env = _Envelope(message, reply=True)
         try:
             # The common case: space in the mailbox, so no checkpoint here; the one
@@ -177,6 +209,45 @@ class ActorRef(Generic[M]):
             await self._wait_reply(env)
         assert env.result is not None
         return env.result.unwrap()
+
+    async def _call_inline(self, message: M) -> Any:
+        """Handle ``message`` on this task, the mailbox borrowed (:meth:`call` took it:
+        the actor is parked and idle): a rejection is this caller's reply; any other
+        exception crashes the actor as in its own task (the parked actor is woken to
+        end crashed) and is raised here, as the mailed path raises it.
+
+        One schedule point, after the handler, shielded: the message is applied, so
+        its answer is returned and a cancellation waits for the next checkpoint."""
+        cell = self._cell
+        mailbox = self._mailbox
+        try:
+            result = cell.handle_inline(message)
+        except BaseException as exc:
+            # The reply or crash is decided here; the error is raised after the
+            # checkpoint, outside this block (no implicit ``__context__`` on it).
+            error = self._inline_failed(exc)
+        else:
+            mailbox.end_borrow()
+            await trio.lowlevel.cancel_shielded_checkpoint()
+            return result
+        await trio.lowlevel.cancel_shielded_checkpoint()
+        raise error
+
+    def _inline_failed(self, exc: BaseException) -> BaseException:
+        """End the borrow after a raising inline handler; the error for its caller."""
+        cell = self._cell
+        if isinstance(exc, Rejected):
+            self._mailbox.end_borrow()
+            return exc.error
+        if isinstance(exc, cell.rejections):
+            self._mailbox.end_borrow()
+            return exc
+        # A crash, as _serve's: no later message is served, the parked actor task
+        # wakes into its crash path (queued calls fail, on_exit runs).
+        cell.crash = exc
+        self._mailbox.end_borrow(_CrashedInline())
+        cell.on_crash(self.name, exc)
+        return exc
 
     async def _wait_reply(self, env: _Envelope) -> None:
         """Park until the actor hands ``env`` its result (:func:`_finish` reschedules
@@ -244,12 +315,38 @@ class ActorRef(Generic[M]):
         return f"<ActorRef {self.name}>"
 
 
+class _CrashedInline(Exception):
+    """Wakes a parked actor task whose handler crashed on a caller's task (decision
+    0013): it ends crashed (``cell.crash`` is set already)."""
+
+
+def _no_inline(message: Any) -> Any:
+    raise AssertionError(f"no inline handler for {message!r}")
+
+
 class _Cell:
     """Shared run state of one actor (its ref, its loop and the runtime see it)."""
 
-    __slots__ = ("closing", "crash", "current", "reply_grace", "scope", "stopped")
+    __slots__ = (
+        "closing",
+        "crash",
+        "current",
+        "handle_inline",
+        "inline",
+        "on_crash",
+        "rejections",
+        "reply_grace",
+        "scope",
+        "stopped",
+    )
 
     def __init__(self, reply_grace: float = Actor.reply_grace) -> None:
+        # What ActorRef.call needs to handle a message inline (set by the runtime's
+        # spawn from the actor; none by default).
+        self.inline: frozenset[type[Any]] = frozenset()
+        self.handle_inline: Callable[[Any], Any] = _no_inline
+        self.rejections: tuple[type[Exception], ...] = ()
+        self.on_crash: Callable[[str, BaseException], None] = _ignore_crash
         self.closing = False
         self.crash: BaseException | None = None
         self.stopped = trio.Event()
@@ -258,6 +355,10 @@ class _Cell:
         # The actor task's own scope: cancelling it stops this actor alone (used
         # when an orderly stop overruns its grace period).
         self.scope = trio.CancelScope()
+
+
+def _ignore_crash(name: str, exc: BaseException) -> None:
+    pass
 
 
 async def run_actor(
@@ -334,6 +435,8 @@ async def _serve_all(
             env = await take()
         except trio.EndOfChannel:
             return True
+        except _CrashedInline:
+            return False  # a handler crashed on a caller's task (cell.crash is set)
         if env.state is _State.WITHDRAWN:
             continue
         env.state = _State.TAKEN
@@ -352,8 +455,12 @@ async def _serve(
     actor: Actor[Any], env: _Envelope, cell: _Cell, on_crash: Callable[[str, BaseException], None]
 ) -> bool:
     """Handle one taken envelope and answer it; False if the actor crashed."""
+    message = env.message
     try:
-        result = await actor.handle(env.message)
+        if type(message) in cell.inline:
+            result = actor.handle_inline(message)
+        else:
+            result = await actor.handle(message)
     except Rejected as carrier:
         _finish(env, outcome.Error(carrier.error))
         if not env.reply:

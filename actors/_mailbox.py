@@ -8,6 +8,11 @@ one receiver (the actor task) and keeps only what the kernel uses. It keeps the
 channel's scheduling: a message put while the actor waits is handed to it directly;
 the actor's take of a queued message is a schedule point (other tasks run between
 two messages); a put on a full mailbox waits, first come first served.
+
+A caller that runs a message on its own task while the actor waits (decision 0013)
+*borrows* the parked receiver (:meth:`Mailbox.borrow`): the mailbox then looks busy,
+puts queue instead of waking the receiver, and :meth:`Mailbox.end_borrow` hands the
+receiver what queued meanwhile.
 """
 
 from __future__ import annotations
@@ -40,7 +45,7 @@ class Mailbox(Generic[T]):
     with ``BrokenResourceError``.
     """
 
-    __slots__ = ("_capacity", "_closed", "_queue", "_receiver", "_senders", "broken")
+    __slots__ = ("_borrowed", "_capacity", "_closed", "_queue", "_receiver", "_senders", "broken")
 
     def __init__(self, capacity: float) -> None:
         self._capacity = capacity
@@ -48,12 +53,47 @@ class Mailbox(Generic[T]):
         self._receiver: Task | None = None  # the receiver, while it waits
         self._senders: dict[Task, T] = {}  # waiting for space, in arrival order
         self._closed = False
+        # A borrower is handling a message for the parked receiver (see borrow).
+        self._borrowed = False
         self.broken = False
 
     @property
     def idle(self) -> bool:
-        """The receiver waits and nothing is queued."""
-        return self._receiver is not None and not self._queue
+        """The receiver waits, nothing is queued and nobody borrowed it."""
+        return self._receiver is not None and not self._queue and not self._borrowed
+
+    # -- borrowing the parked receiver ----------------------------------------------------
+
+    def borrow(self) -> bool:
+        """If :attr:`idle` (and not closed): mark the receiver borrowed and return True.
+
+        Until :meth:`end_borrow` the mailbox is not idle, a put queues (it does not wake
+        the receiver) and the receiver stays parked: whoever borrowed it handles a
+        message in its place, synchronously. Never a checkpoint.
+        """
+        if self._receiver is None or self._borrowed or self._queue or self._closed:
+            return False
+        self._borrowed = True
+        return True
+
+    def end_borrow(self, error: BaseException | None = None) -> None:
+        """End a :meth:`borrow`. ``error``: wake the receiver with it (it must stop).
+        Otherwise it gets the oldest item queued meanwhile (``EndOfChannel`` if the
+        mailbox was closed meanwhile), or keeps waiting. If its wait was cancelled
+        meanwhile it is unwinding and takes what is queued on its own."""
+        self._borrowed = False
+        receiver = self._receiver
+        if receiver is None:
+            return
+        if error is not None:
+            self._receiver = None
+            reschedule(receiver, outcome.Error(error))
+        elif self._queue or self._senders:
+            self._receiver = None
+            reschedule(receiver, outcome.Value(self.take_nowait()))
+        elif self._closed:
+            self._receiver = None
+            reschedule(receiver, outcome.Error(trio.EndOfChannel()))
 
     # -- the senders' side --------------------------------------------------------------
 
@@ -68,7 +108,7 @@ class Mailbox(Generic[T]):
         if self.broken:
             raise trio.BrokenResourceError
         receiver = self._receiver
-        if receiver is not None:
+        if receiver is not None and not self._borrowed:
             self._receiver = None
             reschedule(receiver, outcome.Value(item))
         elif len(self._queue) < self._capacity:
@@ -106,7 +146,7 @@ class Mailbox(Generic[T]):
         for task in senders:
             reschedule(task, outcome.Error(trio.ClosedResourceError()))
         receiver = self._receiver
-        if receiver is not None:
+        if receiver is not None and not self._borrowed:  # (borrowed: end_borrow tells it)
             self._receiver = None
             reschedule(receiver, outcome.Error(trio.EndOfChannel()))
 

@@ -112,6 +112,12 @@ class ActorRuntime:
             self.crashes.append((name, exc))
             self._supervisor(name, exc)
 
+        cell.on_crash = on_crash
+        cell.rejections = actor.rejections
+        if actor.inline_messages:
+            cell.inline = actor.inline_messages
+            cell.handle_inline = actor.handle_inline
+
         self._nursery.start_soon(run_actor, actor, mailbox, cell, on_crash, name=f"actor:{actor.name}")
         return ref
 

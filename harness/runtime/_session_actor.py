@@ -53,10 +53,16 @@ class SessionActor(Actor[Any]):
     A check and the append it guards run in one message, so they are atomic without
     locks. Rejected requests (:class:`HarnessError`) are replies; anything else is a
     bug and crashes the actor.
+
+    The synchronous messages of the hot path (appends, the checked replace, the
+    reads) are inline (decision 0013): called while the actor is idle, they run on the
+    caller's task, and so do the pre-commit hooks and event listeners of such an
+    append.
     """
 
     rejections = (HarnessError,)
     mailbox_size = 256
+    inline_messages = frozenset({Append, CommitReplace, Derive, Measure})
 
     def __init__(self, session: Session, listeners: Listeners, handle: SessionHandle) -> None:
         self.session = session
@@ -66,13 +72,11 @@ class SessionActor(Actor[Any]):
         # Open compaction brackets: compaction id -> (transaction, ticket).
         self._compactions: dict[str, tuple[Transaction, CompactionTicket]] = {}
 
-    async def handle(self, message: Any) -> Any:
+    def handle_inline(self, message: Any) -> Any:
+        """Append, CommitReplace, Derive, Measure: synchronous, on whichever task runs
+        them (the actor's, or an idle actor's caller's)."""
         if type(message) is Append:
             return self._append(message.drafts)
-        if type(message) is Derive:
-            return self.session.derive_messages()
-        if type(message) is ForkPrefix:
-            return self._fork(message)
         if type(message) is CommitReplace:
             current = self.session.surface_snapshot()
             if current != message.expected:
@@ -81,8 +85,8 @@ class SessionActor(Actor[Any]):
                     session_id=self.session.id,
                 )
             return self._append((message.draft,))[0]
-        if type(message) is Barrier:
-            return None
+        if type(message) is Derive:
+            return self.session.derive_messages()
         if type(message) is Measure:
             measurement = measure(self.session)
             selection = (
@@ -91,6 +95,13 @@ class SessionActor(Actor[Any]):
                 else select_compactable_range(self.session, measurement, message.retain_tokens)
             )
             return MeasureReply(measurement, lock_state(self.session), selection)
+        raise TypeError(f"session actor got an unknown inline message {message!r}")
+
+    async def handle(self, message: Any) -> Any:
+        if type(message) is ForkPrefix:
+            return self._fork(message)
+        if type(message) is Barrier:
+            return None
         if type(message) is Prune:
             return prune_session(self.session, message.config, append=self._append)
         if type(message) is CompactBegin:
