@@ -398,6 +398,11 @@ async def run_actor(
                     await actor.on_stop()
     finally:
         cell.closing = True
+        # The cell outlives the actor in every ref to it; its bound inline handler
+        # would keep the actor (and all it owns) alive in a reference cycle after
+        # the actor ended, so it is dropped with the actor.
+        cell.inline = frozenset()
+        cell.handle_inline = _no_inline
         failure = (
             ActorCrashedError(actor.name, cell.crash)
             if cell.crash is not None

@@ -767,4 +767,6 @@ def test_explore_a_persisted_streamed_turn_with_every_canceller() -> None:
     report = explore(streamed_turn("jsonl"), name="openai-turn/jsonl", cancellers=cancellers, settings=EXPLORE)
     assert report.ok, [(str(v.key), v.message) for v, _ in report.distinct()]
     n = report.dry_steps[0]
-    assert n > 200 and report.steps == dict.fromkeys(cancellers, n)
+    # A persisted turn has fewer schedule points since issue 26 (inline appends,
+    # decision 0013; one per durable flush): 186 at this writing, was > 200.
+    assert n > 150 and report.steps == dict.fromkeys(cancellers, n)
