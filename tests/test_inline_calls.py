@@ -83,6 +83,16 @@ class _Steps(trio.abc.Instrument):
         self.steps += 1
 
 
+class _TaskSteps(trio.abc.Instrument):
+    def __init__(self, task: trio.lowlevel.Task) -> None:
+        self.task = task
+        self.steps = 0
+
+    def before_task_step(self, task: trio.lowlevel.Task) -> None:
+        if task is self.task:
+            self.steps += 1
+
+
 async def _spawn(rt: ActorRuntime) -> tuple[Inline, ActorRef[Any]]:
     actor = Inline()
     ref = rt.spawn(actor)
@@ -163,15 +173,16 @@ async def test_an_inline_call_is_a_checkpoint_and_a_schedule_point() -> None:
         actor, ref = await _spawn(rt)
         with trio.testing.assert_checkpoints():
             await ref.call(Put(1))
-        ran: list[str] = []
-        async with trio.open_nursery() as nursery:
-
-            async def other() -> None:
-                ran.append("other")
-
-            nursery.start_soon(other)  # runnable: runs at our next schedule point
+        # A schedule point: the caller's task is suspended and resumed once (a new
+        # task step), so other tasks get to run during the call.
+        me = trio.lowlevel.current_task()
+        steps = _TaskSteps(me)
+        trio.lowlevel.add_instrument(steps)
+        try:
             await ref.call(Put(2))
-            assert ran == ["other"]
+        finally:
+            trio.lowlevel.remove_instrument(steps)
+        assert steps.steps == 1
         assert actor.applied == [1, 2]
 
 
@@ -303,6 +314,30 @@ async def test_a_mailbox_closed_while_borrowed_ends_its_receiver_at_end_borrow()
         assert got == []  # the borrower tells it, not close
         box.end_borrow()
     assert got == ["end"]
+
+
+async def test_an_actor_cancelled_during_an_inline_handler_unwinds_after_it() -> None:
+    # Cancelling the actor's own scope delivers the cancellation to the parked actor
+    # task at once (its receive is aborted) while the borrow still runs: the message is
+    # applied and answered, end_borrow finds no receiver, and the actor task unwinds on
+    # its own, failing what queued meanwhile.
+    async with ActorRuntime() as rt:
+        actor, ref = await _spawn(rt)
+        queued_call = _Envelope("queued call", reply=True)
+
+        def cancel_actor(value: Any) -> None:
+            ref._mailbox.put_nowait(queued_call)
+            ref._cell.scope.cancel()
+
+        actor.during = cancel_actor
+        assert await ref.call(Put(1)) == 1
+        await trio.testing.wait_all_tasks_blocked()
+        assert actor.exited and not ref.alive
+        assert isinstance(queued_call.result, outcome.Error)
+        assert isinstance(queued_call.result.error, ActorStoppedError)
+        with pytest.raises(ActorStoppedError):
+            await ref.call(Put(2))
+        assert actor.applied == [1]
 
 
 # -- 7. a stopping actor runs nothing inline --------------------------------------------
