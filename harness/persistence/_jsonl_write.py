@@ -256,8 +256,8 @@ class _JsonlWriting(_JsonlReading, _JsonlLocking):
         session land in the order given: a session seen again starts a new round, and a
         batch behind a failed batch of its session is not written (it would leave a gap)."""
         results: list[BaseException | None] = [None] * len(writes)
-        if len(writes) == 1:  # one batch (a durable single append): no round bookkeeping
-            results[0] = self._write_one(writes[0])
+        if len(writes) == 1:  # one batch (a durable single append): no session splitting
+            self._write_round(writes, (0,), results)
             return results
         failed: dict[str, BaseException] = {}
         start = 0
@@ -281,30 +281,6 @@ class _JsonlWriting(_JsonlReading, _JsonlLocking):
                     failed.setdefault(writes[i].session_id, err)
             start = end
         return results
-
-    def _write_one(self, w: GroupWrite) -> BaseException | None:
-        """:meth:`_write_round` of a lone batch, step for step (its fsync still goes
-        through ``fsync_each``, as a round's), without the lists: its error, or None."""
-        try:
-            if not w.materialized:
-                self.materialize(w.header, w.records, lease=w.lease)
-                return None
-            if not w.records:
-                return None
-            sid = w.session_id
-            path, fd, size = self._open_and_write(sid, self._append_path(sid), self._batch_payload(sid, w.records))
-        except Exception as exc:
-            return exc
-        try:
-            (err,) = self.files.fsync_each((fd,))
-            if err is None:
-                return None
-            rolled = self._roll_back(sid, path, fd, size, err)
-            rolled.__cause__ = err
-            return rolled
-        finally:
-            with contextlib.suppress(OSError):
-                self.files.close(fd)
 
     def _write_round(self, writes: Sequence[GroupWrite], indexes: Sequence[int], results: list[BaseException | None]) -> None:
         written: list[tuple[int, Path, int, int]] = []  # index, path, fd, size before
