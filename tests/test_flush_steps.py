@@ -8,17 +8,22 @@ stay: a flush is a checkpoint, a cancelled caller writes nothing, the bound hold
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import pytest
 import trio
 import trio.testing
 
-from harness.errors import WriterWedgedError
 from harness.persistence import JsonlBackend, open_persistence
 from harness.persistence import _writer as writer_module
 from harness.runtime import SessionHandle, open_store
-from tests.test_group_commit import GatedJsonl, on_disk, started
+from tests.test_group_commit import (
+    GatedJsonl,
+    bounded_waits,
+    on_disk,
+    sessions,
+    started,
+    wedge_collector,
+)
 
 
 class _Steps(trio.abc.Instrument):
@@ -45,21 +50,13 @@ async def _steps_of_flushes(h: SessionHandle, count: int, *, append: bool) -> in
     return total
 
 
-async def live(store: Any, sid: str) -> SessionHandle:
-    """A session whose log is materialized (its first write done): one event, 0."""
-    h: SessionHandle = await store.create(sid, cwd="/w")
-    await h.append("feedback/record", 0)
-    await h.flush()
-    return h
-
-
 async def test_a_durable_flush_is_two_task_steps(tmp_path: Path) -> None:
     # The flusher submits its batch and parks once: the round's completion (one
     # ``run_sync_soon`` callback) is one step, the flusher's resumption the other. The
     # old path took four: a barrier checkpoint and the writer lock's checkpoint
     # before the park, each a whole scheduler pass.
     async with open_store() as store, open_persistence(store, JsonlBackend(tmp_path), write_delay=1000) as p:
-        h = await live(store, "s")  # the first write (header, file): not counted
+        (h,) = await sessions(store, "s")  # the first write (header, file): not counted
         await trio.testing.wait_all_tasks_blocked()
         rounds = p.committer.rounds
         assert await _steps_of_flushes(h, 10, append=True) == 20
@@ -69,7 +66,7 @@ async def test_a_durable_flush_is_two_task_steps(tmp_path: Path) -> None:
 
 async def test_a_flush_with_nothing_to_write_is_one_step(tmp_path: Path) -> None:
     async with open_store() as store, open_persistence(store, JsonlBackend(tmp_path), write_delay=1000) as p:
-        h = await live(store, "s")
+        (h,) = await sessions(store, "s")
         await trio.testing.wait_all_tasks_blocked()
         rounds = p.committer.rounds
         assert await _steps_of_flushes(h, 10, append=False) == 10
@@ -85,7 +82,7 @@ async def test_a_flush_is_a_checkpoint(tmp_path: Path, append: bool) -> None:
         with trio.testing.assert_checkpoints():
             assert await bare.flush() is False  # no flush listener
         async with open_persistence(store, JsonlBackend(tmp_path), write_delay=1000):
-            h = await live(store, "s")
+            (h,) = await sessions(store, "s")
             if append:
                 await h.append("feedback/record", 1)
             with trio.testing.assert_checkpoints():
@@ -94,7 +91,7 @@ async def test_a_flush_is_a_checkpoint(tmp_path: Path, append: bool) -> None:
 
 async def test_a_cancelled_flush_writes_nothing_and_a_later_one_does(tmp_path: Path) -> None:
     async with open_store() as store, open_persistence(store, JsonlBackend(tmp_path), write_delay=1000) as p:
-        h = await live(store, "s")
+        (h,) = await sessions(store, "s")
         await h.append("feedback/record", 1)
         rounds = p.committer.rounds
         with trio.CancelScope() as scope:
@@ -111,7 +108,7 @@ async def test_a_cancelled_waiter_returns_once_its_batch_is_durable(tmp_path: Pa
     # when the round comes back, and the cancellation lands at the next checkpoint.
     backend = GatedJsonl(tmp_path)
     async with open_store() as store, open_persistence(store, backend, write_delay=1000):
-        h = await live(store, "s")
+        (h,) = await sessions(store, "s")
         await h.append("feedback/record", 1)
         backend.gate.clear()
         returned: list[bool] = []
@@ -142,24 +139,16 @@ async def test_a_shorter_bound_set_later_still_applies(
     # The watchdog sleeps until the earliest deadline it knows; a wait with an earlier
     # one (the bound lowered meanwhile) wakes it sooner. Both clocks bound each wait.
     clock = mock_clock
-    wall = [0.0]
-    monkeypatch.setattr(writer_module, "wall_clock", lambda: wall[0])
-    monkeypatch.setattr(writer_module, "WRITE_WAIT_LIMIT", 10.0)
+    wall = bounded_waits(monkeypatch, 10.0)
     backend = GatedJsonl(tmp_path)
     errors: dict[str, BaseException] = {}
-
-    async def flush(h: SessionHandle) -> None:
-        try:
-            await h.flush()
-        except WriterWedgedError as exc:
-            errors[h.id] = exc
+    flush = wedge_collector(errors)
 
     try:
         async with open_store() as store:
             with pytest.raises(Exception, match="closing failed"):
                 async with open_persistence(store, backend, write_delay=60) as p:
-                    a = await live(store, "a")
-                    b = await live(store, "b")
+                    a, b = await sessions(store, "a", "b")
                     backend.gate.clear()
                     async with trio.open_nursery() as n:
                         await a.append("feedback/record", 1)
@@ -188,7 +177,7 @@ async def test_the_watchdog_ends_when_nothing_is_watched(
     tmp_path: Path, mock_clock: trio.testing.MockClock
 ) -> None:
     async with open_store() as store, open_persistence(store, JsonlBackend(tmp_path), write_delay=1000) as p:
-        h = await live(store, "s")
+        (h,) = await sessions(store, "s")
         assert p.committer._watching  # lingers until the last deadline it saw
         mock_clock.jump(writer_module.WRITE_WAIT_LIMIT + 1)
         await trio.testing.wait_all_tasks_blocked()
@@ -204,7 +193,7 @@ async def test_the_watchdog_ends_with_the_persistence(tmp_path: Path) -> None:
     # persistence's block (the chaos scenarios check that no task is left).
     async with open_store() as store:
         async with open_persistence(store, JsonlBackend(tmp_path), write_delay=1000) as p:
-            h = await live(store, "s")
+            (h,) = await sessions(store, "s")
             await h.append("feedback/record", 1)
             await h.flush()
             assert p.committer._watching

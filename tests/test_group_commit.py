@@ -9,7 +9,7 @@ from __future__ import annotations
 import errno
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -88,6 +88,27 @@ async def sessions(store: Any, *ids: str) -> list[SessionHandle]:
         await h.flush()  # materialized: later batches are appends
         out.append(h)
     return out
+
+
+def bounded_waits(monkeypatch: pytest.MonkeyPatch, limit: float) -> list[float]:
+    """Both clocks of the writer's bounded waits in the test's hands: the bound is
+    ``limit`` and the wall clock reads the returned one-item list (move it by hand)."""
+    wall = [0.0]
+    monkeypatch.setattr(writer_module, "WRITE_WAIT_LIMIT", limit)
+    monkeypatch.setattr(writer_module, "wall_clock", lambda: wall[0])
+    return wall
+
+
+def wedge_collector(errors: dict[str, BaseException]) -> Callable[[SessionHandle], Awaitable[None]]:
+    """A flush that records a :class:`WriterWedgedError` in ``errors`` by session id."""
+
+    async def flush(h: SessionHandle) -> None:
+        try:
+            await h.flush()
+        except WriterWedgedError as exc:
+            errors[h.id] = exc
+
+    return flush
 
 
 async def test_batches_queued_while_a_round_is_in_flight_go_out_in_one_round(tmp_path: Path) -> None:
@@ -227,17 +248,10 @@ async def test_an_overrun_wedges_the_writer_and_a_queued_batch_is_never_written(
 ) -> None:
     # Both clocks bound the wait: a jump of the Trio clock alone is not an overrun.
     clock = mock_clock
-    wall = [0.0]
-    monkeypatch.setattr(writer_module, "WRITE_WAIT_LIMIT", 10.0)
-    monkeypatch.setattr(writer_module, "wall_clock", lambda: wall[0])
+    wall = bounded_waits(monkeypatch, 10.0)
     backend = GatedJsonl(tmp_path)
     errors: dict[str, BaseException] = {}
-
-    async def flush(h: SessionHandle) -> None:
-        try:
-            await h.flush()
-        except WriterWedgedError as exc:
-            errors[h.id] = exc
+    flush = wedge_collector(errors)
 
     try:
         async with open_store() as store:
