@@ -59,3 +59,26 @@ def test_the_pytest_plugin_imports_without_the_project_test_tools() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "ok"
+
+
+def test_the_cli_and_the_benches_do_not_import_the_test_framework() -> None:
+    # `harness bench` measures the runtime in the heap an application would have:
+    # trio.testing (harness.faults imports it) brings pytest's modules, which doubled
+    # the cost of every full collection in W17. Only `harness chaos` and W13 need it,
+    # and import it when they run.
+    program = textwrap.dedent(
+        """
+        import sys
+        from harness.cli import app
+        app()
+        import harness.bench
+        leaked = sorted(m for m in sys.modules if m.split(".")[0] in {"pytest", "_pytest", "hypothesis"} or m == "trio.testing" or m.startswith("harness.faults"))
+        assert not leaked, leaked
+        print("ok")
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", program], cwd=ROOT, capture_output=True, text=True, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "ok"

@@ -13,7 +13,6 @@ import statistics
 import time
 
 import trio
-import trio.testing
 
 from harness.bench._runner import Result, median_ms
 
@@ -56,6 +55,11 @@ async def _ten_tasks(probe: object | None) -> None:
 def w13(n: int, runs: int) -> list[Result]:
     """Explore the 10-task scenario at every step (``n`` is ignored: the scenario is
     fixed so figures compare across versions)."""
+    # Imported here, not at module level: trio.testing imports pytest, and a bench
+    # process that carried pytest's modules would give every other workload a heap
+    # twice an application's (W17's full collections took 25-30 ms instead of 6-10).
+    import trio.testing
+
     from harness.faults import Settings, explore
 
     settings = Settings(autojump_threshold=0.0)

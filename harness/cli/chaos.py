@@ -14,8 +14,21 @@ def _run(args: argparse.Namespace) -> int:
     return harness.faults._cli.main(args)
 
 
-def command() -> click.Command:
-    from harness.cli._passthrough import passthrough
+def _add_arguments(parser: argparse.ArgumentParser) -> None:
+    # Imported when the command runs, not when the CLI is built: harness.faults imports
+    # trio.testing and so pytest, which every other command (and `harness bench`'s heap)
+    # would otherwise carry.
     from harness.faults._cli import add_arguments
 
-    return passthrough("chaos", "explore cancellations, I/O failures and crashes over built-in scenarios", add_arguments, _run)
+    add_arguments(parser)
+
+
+def command() -> click.Command:
+    from harness.cli._passthrough import passthrough
+
+    return passthrough(
+        "chaos",
+        "explore cancellations, I/O failures and crashes over built-in scenarios",
+        _add_arguments,
+        _run,
+    )
