@@ -15,9 +15,11 @@ from harness.errors import PersistenceArgumentError, StorageLayoutError
 from harness.persistence._files import OsFiles
 from harness.persistence._jsonl_layout import (
     COMPRESSIONS,
+    GROUP_SYNCS,
     TRANSCRIPT,
     TRANSCRIPT_ZSTD,
     Compression,
+    GroupSync,
     encode_segment,
     project_key,
 )
@@ -28,12 +30,14 @@ from harness.persistence._zstd import load_codec
 
 __all__ = [
     "COMPRESSIONS",
+    "GROUP_SYNCS",
     "LOCKFILE",
     "ROOT_LOCKFILE",
     "ROOT_LOCK_TIMEOUT",
     "TRANSCRIPT",
     "TRANSCRIPT_ZSTD",
     "Compression",
+    "GroupSync",
     "JsonlBackend",
     "StorageLayoutError",
     "_read_lines",
@@ -61,6 +65,11 @@ class JsonlBackend(_JsonlWriting):
     construction without it). A root holds one encoding: an artifact of the other one,
     or of the obsolete flat layout, is refused with :class:`StorageLayoutError`.
 
+    Group commit (several sessions' batches in one round, decision 0012):
+    ``group_sync="auto"`` makes a round of many files durable with one ``syncfs(2)``
+    per filesystem (Linux 5.8+; decision 0014), which also writes back every other
+    dirty file of that filesystem; ``"each"`` keeps one ``fdatasync`` per file.
+
     Every mutating file operation goes through ``files`` (see :mod:`._files`); reads
     are direct. A failed rollback or a failed directory fsync is remembered by this
     instance and settled by its next write to that session (see :meth:`append`,
@@ -76,15 +85,19 @@ class JsonlBackend(_JsonlWriting):
         files: OsFiles | None = None,
         pack_chunks: bool = True,
         compression: Compression = "none",
+        group_sync: GroupSync = "auto",
     ) -> None:
         if compression not in COMPRESSIONS:
             raise PersistenceArgumentError(
                 f'JSONL compression must be "none" or "zstd", got {compression!r}'
             )
+        if group_sync not in GROUP_SYNCS:
+            raise PersistenceArgumentError(f'JSONL group_sync must be "auto" or "each", got {group_sync!r}')
         self.root = Path(root).resolve()
         self.files = files or OsFiles()
         self.pack_chunks = pack_chunks
         self.compression = compression
+        self.group_sync = group_sync
         self._codec = load_codec() if compression == "zstd" else None
         self.transcript = TRANSCRIPT_ZSTD if compression == "zstd" else TRANSCRIPT
         self._opposite = TRANSCRIPT if compression == "zstd" else TRANSCRIPT_ZSTD

@@ -31,6 +31,13 @@ COMPRESSIONS: Final = ("none", "zstd")
 #: The reference's ``compression`` option: ``"zstd"`` needs the optional ``zstandard``.
 Compression = Literal["none", "zstd"]
 
+GROUP_SYNCS: Final = ("auto", "each")
+#: How a group-commit round makes its appends durable (``JsonlBackend(group_sync=)``,
+#: decision 0014): ``"auto"``, one ``syncfs(2)`` per filesystem for a round of
+#: :attr:`~harness.persistence._files.OsFiles.syncfs_min` files or more, else one
+#: ``fdatasync`` per file; ``"each"``, always one ``fdatasync`` per file.
+GroupSync = Literal["auto", "each"]
+
 
 _SAFE: Final = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-")
 
@@ -90,6 +97,7 @@ class _JsonlLayout:
     files: OsFiles
     pack_chunks: bool
     compression: Compression
+    group_sync: GroupSync
     transcript: str
     _codec: ZstdCodec | None
     _opposite: str

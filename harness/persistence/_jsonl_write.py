@@ -248,8 +248,9 @@ class _JsonlWriting(_JsonlReading, _JsonlLocking):
 
     def write_group(self, writes: Sequence[GroupWrite]) -> list[BaseException | None]:
         """Several sessions' batches as one round (group commit, :func:`write_each`'s
-        contract): every append is written, then all of them are fsynced together
-        (:meth:`OsFiles.fsync_each`); a batch whose write or fsync failed is rolled back
+        contract): every append is written, then all of them are made durable together
+        (:meth:`OsFiles.sync_round`: one ``syncfs`` per filesystem for many files, else
+        fsyncs issued together; :attr:`group_sync`); a batch whose write or fsync failed is rolled back
         by truncation exactly as :meth:`append` rolls back, and fails alone (each fsync
         covers one file). A first write is :meth:`materialize`, unchanged (temp file,
         fsync, link, directory fsync), in its place in the round. Batches of one
@@ -297,7 +298,10 @@ class _JsonlWriting(_JsonlReading, _JsonlLocking):
                         written.append((i, *self._open_and_write(sid, path, payload)))
                 except Exception as exc:
                     results[i] = exc
-            synced = self.files.fsync_each([fd for _, _, fd, _ in written])
+            fds = [fd for _, _, fd, _ in written]
+            # Each fd was opened just before its own write: fds[0] before all of the
+            # round's writes, as OsFiles.syncfs needs to hear of their writeback errors.
+            synced = self.files.sync_round(fds) if self.group_sync == "auto" else self.files.fsync_each(fds)
             for (i, path, fd, size), err in zip(written, synced, strict=True):
                 if err is not None:
                     rolled = self._roll_back(writes[i].session_id, path, fd, size, err)
