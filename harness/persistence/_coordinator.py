@@ -172,7 +172,7 @@ class Persistence(ServiceMixin):
         self._init_service()
         self._unsubscribe = [
             store.on_created(self._on_created),
-            store.on_event(self._on_event),
+            store.on_event_batch(self._on_events),
             store.on_flush(self._on_flush),
             store.on_disposed(self._on_disposed),
             store.add_pre_commit_hook(self._refuse_unreadable),
@@ -380,7 +380,9 @@ class Persistence(ServiceMixin):
                 refuse_unreadable_type(handle.id, ev.type, ev.seq, ev.ignorable)
         self._writer_for(handle)  # raises (vetoes) on an identity conflict
 
-    def _on_event(self, handle: SessionHandle, event: Any) -> None:
+    def _on_events(self, handle: SessionHandle, events: tuple[Any, ...]) -> None:
+        """The events of one commit (the batch form of ``session/event``: one call and
+        one buffering per commit, not per event)."""
         writer = self._writers.get(handle.id)
         if writer is None or writer.session is not handle._entry.session:
             if not handle._entry.announced:
@@ -391,13 +393,20 @@ class Persistence(ServiceMixin):
                 # retire it when it is detached unannounced (its lock held for ever).
                 return
             writer = self._writer_for(handle)
-        writer.enqueue(event)
+        writer.enqueue_batch(events)
 
     async def _on_flush(self, handle: SessionHandle) -> None:
         """The durability barrier for a live session. A session that is no longer live
         (detached while the flush was on its way) is flushed through its retiring
         writer if it has one, and refused otherwise: never build a writer for a dead
         session (it would take the lock and keep it)."""
+        writer = self._writers.get(handle.id)
+        if writer is not None and writer.session is handle._entry.session and handle.alive:
+            # The common case, decided first: a live session with its writer (the
+            # checks below would reach the same writer, a few lookups later).
+            writer.catch_up()
+            await writer.flush()
+            return
         if not handle.alive:
             session = handle._entry.session
             retiring = next(
@@ -410,7 +419,7 @@ class Persistence(ServiceMixin):
         current = self._writers.get(handle.id)
         if not handle.announced and (current is None or current.session is not handle._entry.session):
             # Entered, not announced: nothing of it is written yet (its writer starts
-            # at its session/created), and a flush must not start one (see _on_event):
+            # at its session/created), and a flush must not start one (see _on_events):
             # a session detached unannounced gets no session/disposed, so that writer
             # would never retire (its lock held, the id "live" here for ever).
             return

@@ -304,20 +304,38 @@ class SessionWriter:
 
     def catch_up(self) -> None:
         """Buffer every committed event not buffered yet (e.g. a seed, an end-seed)."""
+        # The length first: the snapshot view is built only when there is something
+        # to catch up on (every flush calls this; it usually has nothing to do).
+        if self.queued >= self.session.seq or self.closed:
+            return
         events = self.session.events
-        if self.queued < len(events) and not self.closed:
+        if self.queued < len(events):
             self.pending.extend(event_to_record(e) for e in events[self.queued :])
             self.queued = len(events)
             self._arm()
 
     def enqueue(self, event: Event) -> None:
-        if event.seq < self.queued or self.closed:
+        """Buffer one committed event (see :meth:`enqueue_batch`)."""
+        self.enqueue_batch((event,))
+
+    def enqueue_batch(self, events: tuple[Event, ...]) -> None:
+        """Buffer the events of one commit (consecutive seqs, in order): those not
+        buffered yet; if the batch starts past the buffer (events committed before
+        this writer listened), everything committed is caught up on instead. Arms the
+        write-behind window once per batch."""
+        if self.closed or not events:
             return
-        if event.seq > self.queued:  # events committed before we were listening
+        first = events[0].seq
+        queued = self.queued
+        if first > queued:  # events committed before we were listening
             self.catch_up()
             return
-        self.pending.append(event_to_record(event))
-        self.queued += 1
+        if first < queued:  # partly buffered already (a catch-up took them)
+            events = events[queued - first :]
+            if not events:
+                return
+        self.pending.extend(map(event_to_record, events))
+        self.queued = queued + len(events)
         self._paused = False
         self._arm()
 

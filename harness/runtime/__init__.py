@@ -11,6 +11,7 @@ from harness.runtime._handles import SessionHandle
 from harness.runtime._listeners import (
     CreatedListener,
     DisposedListener,
+    EventBatchListener,
     EventListener,
     FlushListener,
     Listeners,
@@ -24,6 +25,7 @@ from harness.runtime._warnings import WarningKind, WarningListener, WarningRepor
 __all__ = [
     "CreatedListener",
     "DisposedListener",
+    "EventBatchListener",
     "EventListener",
     "FlushListener",
     "Listeners",

@@ -7,7 +7,7 @@ import inspect
 import itertools
 import logging
 from collections.abc import Awaitable, Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, final
 
 import trio
 
@@ -29,6 +29,7 @@ log = logging.getLogger("harness.store")
 
 CreatedListener = Callable[["SessionHandle"], None]
 EventListener = Callable[["SessionHandle", "Event"], None]
+EventBatchListener = Callable[["SessionHandle", "tuple[Event, ...]"], None]
 DisposedListener = Callable[["SessionHandle"], None]
 PreCommitHook = Callable[["SessionHandle", "tuple[Event, ...]"], None]
 FlushListener = Callable[["SessionHandle"], "Awaitable[None] | None"]
@@ -53,6 +54,12 @@ class Listeners:
       is resolved once per commit: a listener registered during the dispatch is not
       called for it; one unsubscribed during it still hears the event being
       dispatched, but none of the batch's later events.
+    * An ``event`` listener registered in its batch form (:class:`BatchListener`,
+      ``Store.on_event_batch``) is called once per commit with the committed events
+      (a tuple, in seq order) instead of once per event, at its place in the same
+      registration order. A raise is contained and reported once for the batch. If it
+      was unsubscribed (by an earlier listener) before its turn, it is called with the
+      first event only: what the per-event form would have heard.
     * ``disposed`` runs when an announced session is detached; same containment.
     * ``flush`` listeners may be async (or plain functions); ``store.flush`` runs
       them concurrently and raises the first failure in listener order.
@@ -91,7 +98,19 @@ class Listeners:
         if not listeners:  # the common case of a store without event listeners
             return
         removals = listeners.removals
+        # (A key leaves ``batched`` when it is unsubscribed, maybe during this very
+        # dispatch: after a removal the listener's own type says which form it is.)
+        batched = listeners.batched
         for key, listener in listeners.heard_by(handle):
+            if key in batched or (listeners.removals != removals and _is_batch(listener)):
+                # One call for the whole commit (the persistence writer's form): the
+                # per-event loop, its Registry checks and a call per event were ~10%
+                # of the Trio thread's work in a batch of 50 (issue 26, W10).
+                heard = events
+                if len(events) > 1 and listeners.removals != removals and not listeners.registered(key):
+                    heard = events[:1]  # as the per-event form: the first event only
+                self._call_event(handle, listener, heard)
+                continue
             later = False
             for ev in events:
                 if later and listeners.removals != removals and not listeners.registered(key):
@@ -102,14 +121,26 @@ class Listeners:
                     if result is not None:
                         refuse_awaitable("session/event", listener, result)
                 except Exception as exc:
-                    self.warnings.report(
-                        log,
-                        "listener-failed",
-                        "session/event",
-                        f'session "{handle.id}": session/event listener threw: {describe(exc)}',
-                        session_id=handle.id,
-                        error=exc,
-                    )
+                    self._event_failed(handle, exc)
+
+    def _call_event(self, handle: SessionHandle, listener: Any, events: tuple[Event, ...]) -> None:
+        """Call one batch listener, its failure contained and reported once."""
+        try:
+            result: Any = listener(handle, events)
+            if result is not None:
+                refuse_awaitable("session/event", listener, result)
+        except Exception as exc:
+            self._event_failed(handle, exc)
+
+    def _event_failed(self, handle: SessionHandle, exc: Exception) -> None:
+        self.warnings.report(
+            log,
+            "listener-failed",
+            "session/event",
+            f'session "{handle.id}": session/event listener threw: {describe(exc)}',
+            session_id=handle.id,
+            error=exc,
+        )
 
     def emit_disposed(self, handle: SessionHandle) -> None:
         for _, listener in self.disposed.heard_by(handle):
@@ -135,9 +166,18 @@ class Listeners:
         Cancellation: propagates to the listeners, and a bare ``Cancelled`` (never a
         group of them) is raised once they have all ended.
         """
-        listeners = [fn for _, fn in self.flush.heard_by(handle)]
-        if not listeners:
+        heard = self.flush.heard_by(handle)
+        if not heard:
             return False
+        if len(heard) == 1:
+            # The common case (the persistence listener alone): called here, no
+            # nursery, no closure or failure list per flush. Its failure is raised as
+            # the general path raises the first one.
+            result = heard[0][1](handle)
+            if result is not None and inspect.isawaitable(result):
+                await result
+            return True
+        listeners = [fn for _, fn in heard]
         failures: list[BaseException | None] = [None] * len(listeners)
 
         async def run(i: int, fn: FlushListener) -> None:
@@ -148,25 +188,41 @@ class Listeners:
             except Exception as exc:
                 failures[i] = exc
 
-        if len(listeners) == 1:
-            await run(0, listeners[0])  # the common case needs no nursery
-        else:
-            try:
-                async with trio.open_nursery() as nursery:
-                    for i, fn in enumerate(listeners):
-                        nursery.start_soon(run, i, fn)
-            except BaseExceptionGroup as group:
-                # run() keeps every Exception, so only cancellation gets here: the
-                # caller sees the bare Cancelled its `except trio.Cancelled` expects,
-                # not a group of them.
-                cancelled = _only_cancelled(group)
-                if cancelled is None:
-                    raise
-                raise cancelled from None
+        try:
+            async with trio.open_nursery() as nursery:
+                for i, fn in enumerate(listeners):
+                    nursery.start_soon(run, i, fn)
+        except BaseExceptionGroup as group:
+            # run() keeps every Exception, so only cancellation gets here: the
+            # caller sees the bare Cancelled its `except trio.Cancelled` expects,
+            # not a group of them.
+            cancelled = _only_cancelled(group)
+            if cancelled is None:
+                raise
+            raise cancelled from None
         for failure in failures:
             if failure is not None:
                 raise failure
         return True
+
+
+@final
+class BatchListener:
+    """Marks an ``event`` listener that takes a whole commit at once:
+    ``fn(handle, events)``, ``events`` the tuple of events one commit made, in seq order
+    (see :class:`Listeners`). Registered through ``Store.on_event_batch``."""
+
+    __slots__ = ("fn",)
+
+    def __init__(self, fn: EventBatchListener) -> None:
+        self.fn = fn
+
+    def __call__(self, handle: SessionHandle, events: tuple[Event, ...]) -> Any:
+        return self.fn(handle, events)
+
+    def __repr__(self) -> str:
+        name = getattr(self.fn, "__qualname__", None)
+        return f"{name if isinstance(name, str) else self.fn!r} (batch)"
 
 
 class Registry:
@@ -182,10 +238,12 @@ class Registry:
     Each registration has its own key (a counter: the registration order), so one
     callable registered twice is two entries, and an unsubscribe removes its own;
     ``removals`` counts the unsubscribes, so a dispatch can tell cheaply whether the
-    set it resolved is still current. Iterating gives the listeners in order.
+    set it resolved is still current. ``batched`` holds the keys of the
+    :class:`BatchListener` registrations (scoped or not). Iterating gives the listeners
+    in order.
     """
 
-    __slots__ = ("_all", "_keys", "_scope_of", "_scoped", "_unscoped", "removals")
+    __slots__ = ("_all", "_keys", "_scope_of", "_scoped", "_unscoped", "batched", "removals")
 
     def __init__(self) -> None:
         self._all: dict[int, Any] = {}  # key -> listener; dicts keep insertion order
@@ -194,11 +252,14 @@ class Registry:
         self._keys = itertools.count()
         self._scope_of: Callable[[Entry], Owner | None] | None = None
         self.removals = 0
+        self.batched: set[int] = set()
 
     def add(self, listener: Any) -> int:
         """Register ``listener`` last; return the key that :meth:`discard` takes."""
         key = next(self._keys)
         self._all[key] = listener
+        if _is_batch(listener):
+            self.batched.add(key)
         if isinstance(listener, Scoped):
             self._scoped.setdefault(listener.scope, {})[key] = listener
             self._scope_of = listener.scope_of  # one store: one scope map
@@ -212,6 +273,7 @@ class Registry:
             return
         listener = self._all.pop(key)
         self.removals += 1
+        self.batched.discard(key)
         if isinstance(listener, Scoped):
             bucket = self._scoped[listener.scope]
             del bucket[key]
@@ -258,6 +320,11 @@ class Registry:
 
     def __repr__(self) -> str:
         return f"Registry({list(self._all.values())!r})"
+
+
+def _is_batch(listener: Any) -> bool:
+    inner = listener.listener if type(listener) is Scoped else listener
+    return type(inner) is BatchListener
 
 
 def _only_cancelled(group: BaseExceptionGroup[BaseException]) -> trio.Cancelled | None:

@@ -36,8 +36,10 @@ from harness.errors import (
 )
 from harness.runtime._handles import Entry, SessionHandle
 from harness.runtime._listeners import (
+    BatchListener,
     CreatedListener,
     DisposedListener,
+    EventBatchListener,
     EventListener,
     FlushListener,
     Listeners,
@@ -712,9 +714,13 @@ class Store:
         ``session/created``): its flush runs the barrier only and returns ``False``
         (persistence writes nothing for it until it is announced).
         """
-        if type(handle) is not SessionHandle or handle._store is not self or not handle.alive:
+        if type(handle) is not SessionHandle or handle._store is not self:
             raise _not_live(handle)
-        if not handle._ref().idle:
+        entry = handle._entry
+        ref = entry.ref
+        if ref is None or self._live_entry(handle.id) is not entry:  # handle.alive, _ref(), inlined
+            raise _not_live(handle)
+        if not ref.idle:
             await handle.barrier()  # a round trip: a checkpoint of its own
             if not handle._entry.announced:
                 return False
@@ -763,6 +769,17 @@ class Store:
         owner nor the store holds it any more. The owner must be open:
         :class:`~harness.errors.SessionOwnerClosedError` (``OWNER_CLOSED``) otherwise."""
         return self._listen("session/event", self.listeners.event, listener, scope)
+
+    def on_event_batch(self, listener: EventBatchListener, *, scope: Owner | None = None) -> Callable[[], None]:
+        """The batch form of :meth:`on_event`: ``listener(handle, events)`` once per
+        commit, ``events`` the tuple of the events it made, in seq order (one call where
+        :meth:`on_event` makes one per event). It takes its place among the ``on_event``
+        listeners in registration order; ``scope`` and the unsubscribe are
+        :meth:`on_event`'s. A raise is contained and reported once for the batch.
+        Unsubscribed by an earlier listener during the commit's dispatch, it is called
+        with the first event only (as a per-event listener hears only that one)."""
+        subscribe_sync("session/event", [], listener)  # an async one is refused as such
+        return self._listen("session/event", self.listeners.event, BatchListener(listener), scope)
 
     def on_disposed(self, listener: DisposedListener, *, scope: Owner | None = None) -> Callable[[], None]:
         """``session/disposed(handle)``, when an announced session is detached; a raise
