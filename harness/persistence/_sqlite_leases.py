@@ -72,9 +72,12 @@ class SqliteLeases(SqliteConnection):
             )
         self._renew_if_due(db, sid, None if renew else row[6], now)
 
-    def _renew_if_due(self, db: sqlite3.Connection, sid: str, expires: int | None, now: int) -> None:
+    def _renew_if_due(self, db: sqlite3.Connection, sid: str, expires: int | None, now: int | None = None) -> None:
         """Inside a write transaction, the caller's lease checked: renew it if less
-        than two thirds of its TTL remain (always if ``expires`` is None)."""
+        than two thirds of its TTL remain (always if ``expires`` is None). ``now``:
+        this module's clock (:func:`_now_ms`) unless given."""
+        if now is None:
+            now = _now_ms()
         ttl_ms = int(self.lease_ttl * 1000)
         if expires is None or expires - now < ttl_ms * 2 // 3:
             self._exec(db, f"UPDATE {_LEASES} SET expires = ? WHERE session_id = ?", (now + ttl_ms, sid))

@@ -25,7 +25,7 @@ from harness.persistence._backend import (
 from harness.persistence._files import SimulatedCrash
 from harness.persistence._sql_group import copy_error
 from harness.persistence._sqlite_lease_row import _LEASES, _LeaseRow
-from harness.persistence._sqlite_leases import SqliteLeases, _now_ms
+from harness.persistence._sqlite_leases import SqliteLeases
 from harness.persistence._sqlite_rows import (
     COLUMNS,
     INSERT,
@@ -168,7 +168,7 @@ class SqliteWrites(SqliteLeases):
         if row is None:
             raise PersistedSessionNotFoundError(f'session "{sid}" not found', session_id=sid)
         if lease is not None:
-            self._renew_if_due(db, sid, row[5], _now_ms())
+            self._renew_if_due(db, sid, row[5])
         stored = (row[0], row[1])
         known = self._pending_tails.get(sid) or self._tails.get(sid)
         if known is not None and known[:3] == (row[0], row[1], row[2]):
