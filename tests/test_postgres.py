@@ -544,3 +544,28 @@ def test_a_failure_at_any_statement_of_the_upgrade_leaves_a_consistent_schema(
         assert sql(pg_url, f"SELECT fence, token FROM {pg_schema}.leases") == [(7, "old")], k
         with pytest.raises(SessionLockedError):
             make().acquire_writer(H)
+
+
+class _Statements:
+    """A statement hook that records every statement the backend runs."""
+
+    def __init__(self) -> None:
+        self.ran: list[str] = []
+
+    def before(self, stmt: str) -> None:
+        self.ran.append(stmt)
+
+
+def test_an_append_locks_the_session_and_reads_its_tail_in_one_statement(make: Any) -> None:
+    hook = _Statements()
+    b = make(lease_ttl=3600, faults=hook)
+    lease = b.acquire_writer(H)
+    b.materialize(H, events(0, 2), lease=lease)
+    mark = len(hook.ran)
+    b.append("s", events(2, 3), lease=lease)
+    ran = hook.ran[mark:]
+    # BEGIN, the lease check, the locking tail read, COPY, the revision bump, COMMIT.
+    assert len(ran) == 6, ran
+    assert not any(s.startswith("SELECT header") for s in ran)  # no lock of its own
+    b.append("s", events(5, 1), lease=lease)
+    assert [r["seq"] for r in b.load("s").records] == list(range(6))

@@ -70,8 +70,16 @@ class SqliteLeases(SqliteConnection):
                 session_id=sid,
                 holder=None if row is None else _holder(row),
             )
+        self._renew_if_due(db, sid, None if renew else row[6], now)
+
+    def _renew_if_due(self, db: sqlite3.Connection, sid: str, expires: int | None, now: int | None = None) -> None:
+        """Inside a write transaction, the caller's lease checked: renew it if less
+        than two thirds of its TTL remain (always if ``expires`` is None). ``now``:
+        this module's clock (:func:`_now_ms`) unless given."""
+        if now is None:
+            now = _now_ms()
         ttl_ms = int(self.lease_ttl * 1000)
-        if renew or row[6] is None or row[6] - now < ttl_ms * 2 // 3:
+        if expires is None or expires - now < ttl_ms * 2 // 3:
             self._exec(db, f"UPDATE {_LEASES} SET expires = ? WHERE session_id = ?", (now + ttl_ms, sid))
 
     def acquire_writer(self, header: dict[str, Any]) -> WriterLease:
