@@ -98,8 +98,12 @@ async def test_rounds_written_before_the_trio_thread_ran_a_completion_share_one(
 
     def chain_ended(result: outcome.Outcome[None]) -> None:
         ended(result)
-        chains_ended.set()
+        if (
+            len(backend.groups) == 2
+        ):  # the chain that wrote both held rounds (any earlier one is not it)
+            chains_ended.set()
 
+    monkeypatch.setattr(committer_module, "_chain_ended", chain_ended)
     async with open_store() as store, open_persistence(store, backend, write_delay=60) as p:
         a, b, c = await sessions(store, "a", "b", "c")
         committer = p.committer
@@ -111,7 +115,6 @@ async def test_rounds_written_before_the_trio_thread_ran_a_completion_share_one(
             complete()
 
         committer._complete_rounds = counted  # type: ignore[method-assign]
-        monkeypatch.setattr(committer_module, "_chain_ended", chain_ended)
         async with trio.open_nursery() as n:
             await flushes_queued_behind_a_held_round(backend, committer, a, (b, c), n)
             backend.release[0].set()
@@ -241,7 +244,9 @@ async def test_withdraw_racing_a_chain_never_loses_or_half_writes_a_job() -> Non
                 committer.submit(j)
             verdicts[f"{i}.1"] = withdrawn = committer.withdraw(jobs[-2])
             if withdrawn:
-                del jobs[-2]  # nobody waits for it (a job taken back from the queue gets no outcome)
+                del jobs[
+                    -2
+                ]  # nobody waits for it (a job taken back from the queue gets no outcome)
             if i % 3 == 0:
                 await trio.lowlevel.checkpoint()
         await wait_all(committer, *jobs)
