@@ -13,7 +13,7 @@ the next one itself with the batches submitted meanwhile (a lock-protected pendi
 the Trio side appends to), and ends the chain when none is pending. The outcomes come
 back to the Trio thread through ``run_sync_soon`` -- one per round, or one for several
 rounds written before the Trio thread got to the first -- which reschedules every
-waiter: no per-batch wake-ups, and no Trio-thread turn between two rounds.
+waiter: no per-batch wake-ups, and no round waits for the Trio thread to dispatch it.
 
 Under ``harness.faults.explore`` (whose thread gate wraps ``trio._threads.start_thread_soon``
 to make thread completions deterministic) rounds are instead composed on the Trio side,
@@ -81,9 +81,7 @@ class CommitJob:
 
     __slots__ = ("_finish", "_mutex", "_prepare", "_started", "_withdrawn", "result", "task")
 
-    def __init__(
-        self, prepare: Callable[[], GroupWrite], finish: Callable[[BaseException | None], None]
-    ) -> None:
+    def __init__(self, prepare: Callable[[], GroupWrite], finish: Callable[[BaseException | None], None]) -> None:
         self._prepare = prepare
         self._finish = finish
         self._mutex = threading.Lock()
@@ -196,9 +194,7 @@ def run_round(
         try:
             done = group(writes) if group is not None else write_each(backend, writes)
             if len(done) != len(writes):
-                raise RuntimeError(
-                    f"{backend.name}: write_group returned {len(done)} results for {len(writes)} batches"
-                )
+                raise RuntimeError(f"{backend.name}: write_group returned {len(done)} results for {len(writes)} batches")
         except BaseException as exc:
             # The shared step failed as a whole (or the world stopped: a simulated
             # crash is a BaseException on purpose): nothing of it counts as durable.
@@ -239,9 +235,7 @@ class _WriterThread:
         self._inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
 
-    def start_soon(
-        self, fn: Callable[[], Any], deliver: Callable[[outcome.Outcome[Any]], None]
-    ) -> None:
+    def start_soon(self, fn: Callable[[], Any], deliver: Callable[[outcome.Outcome[Any]], None]) -> None:
         """Any thread: run ``fn`` on the writer thread, then ``deliver`` its outcome
         there (the signature of ``trio.lowlevel.start_thread_soon``)."""
         self._inbox.put((fn, deliver))
