@@ -127,7 +127,7 @@ async def test_batches_queued_while_a_round_is_in_flight_go_out_in_one_round(tmp
                 await h.append("feedback/record", 1)
                 n.start_soon(h.flush)
             await trio.testing.wait_all_tasks_blocked()
-            assert len(p.committer._queue) == 3  # queued behind the round in flight
+            assert len(p.committer._pending) == 3  # queued behind the round in flight
             backend.gate.set()
         assert [sorted(g) for g in backend.groups] == [["a"], ["b", "c", "d"]]
         assert files.rounds == [1, 3]  # b, c and d were fsynced as one round

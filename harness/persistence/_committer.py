@@ -2,24 +2,30 @@
 
 Every :class:`~harness.persistence._writer.SessionWriter` of a persistence hands its
 batches to the persistence's :class:`GroupCommitter` instead of taking a worker thread
-of its own. The committer writes *rounds*: while one round is on its writer thread,
-the batches that arrive queue on the Trio side, and when it completes the next round
-takes all of them at once, through ``backend.write_group`` (one transaction, or one
-round of fsyncs) or, for a backend without it, :func:`~._backend.write_each`. The
-round's outcome comes back to the Trio thread through one ``run_sync_soon`` call that
-reschedules every waiter of the round: one wake-up each way per round, not per batch.
+of its own. The committer writes *rounds*, one at a time, each through
+``backend.write_group`` (one transaction, or one round of fsyncs) or, for a backend
+without it, :func:`~._backend.write_each`. A round takes every batch submitted since the
+previous round started.
 
-What decides a round is the Trio side (the queue is only read and written there): a
-round is exactly the batches queued when the previous one came back. Under
-``harness.faults.explore`` (whose thread gate wraps ``trio._threads.start_thread_soon``
-to make thread completions deterministic) a round runs on a gated worker thread through
-that very function instead of the committer's own thread, so a replay composes the
-same rounds; see :meth:`GroupCommitter._dispatch`.
+Rounds are *chained* on the writer thread (decision 0015): the first batch submitted to
+an idle committer starts a chain there; as soon as a round is written the thread starts
+the next one itself with the batches submitted meanwhile (a lock-protected pending list
+the Trio side appends to), and ends the chain when none is pending. The outcomes come
+back to the Trio thread through ``run_sync_soon`` -- one per round, or one for several
+rounds written before the Trio thread got to the first -- which reschedules every
+waiter: no per-batch wake-ups, and no round waits for the Trio thread to dispatch it.
+
+Under ``harness.faults.explore`` (whose thread gate wraps ``trio._threads.start_thread_soon``
+to make thread completions deterministic) rounds are instead composed on the Trio side,
+as before chaining: each round runs on a gated worker thread through that very function,
+and its completion dispatches the next, so a replay composes the same rounds; see
+:meth:`GroupCommitter._dispatch`.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import math
 import queue
@@ -268,14 +274,22 @@ class _WriterThread:
 class GroupCommitter:
     """Writes the batches of every session of one backend, a round at a time.
 
-    Trio side only (:meth:`write`, :meth:`close`): one Trio run at a time (the
-    persistence that owns it lives in one). Blocking work runs on the writer thread;
-    see the module docstring for how rounds form."""
+    Trio side only (:meth:`submit`, :meth:`withdraw`, the waits, :meth:`close`): one
+    Trio run at a time (the persistence that owns it lives in one). Blocking work runs
+    on the writer thread; see the module docstring for how rounds form.
+
+    Shared with the writer thread, under ``_mutex``: ``_pending`` (submitted, not yet
+    taken by a round), ``_busy`` (a carrier owns the rounds: a chain on the writer
+    thread, or one gated round; at most one at a time, so rounds never overlap),
+    ``_done`` (rounds written whose completion the Trio thread has not run yet) and
+    the counters."""
 
     def __init__(self, backend: Backend) -> None:
         self.backend = backend
-        self._queue: list[CommitJob] = []
-        self._in_flight: list[CommitJob] | None = None  # the round on the thread
+        self._mutex = threading.Lock()
+        self._pending: list[CommitJob] = []
+        self._busy = False
+        self._done: list[tuple[list[CommitJob], outcome.Outcome[list[BaseException | None]]]] = []
         self._thread = _WriterThread(f"harness group commit ({backend.name})")
         # The bounded waits (:meth:`wait_bounded`): job -> its Trio-clock deadline, and
         # the one watchdog task that enforces them (see :meth:`_watch`).
@@ -284,26 +298,37 @@ class GroupCommitter:
         self._watch_scope: trio.CancelScope | None = None  # the watchdog's sleep
         self._watch_idle_until = -math.inf  # it lingers until the last deadline seen
         self._watch_closing = False  # closed: it ends as soon as nothing is watched
-        self._group_cache = GroupWriterCache()  # the writer thread's (one round at a time)
-        #: Rounds written, and batches in them (observability for tests and benches).
+        self._group_cache = GroupWriterCache()  # the carrier's (one round at a time)
+        #: Rounds written, and batches in them (observability for tests and benches;
+        #: counted as a round takes its batches).
         self.rounds = 0
         self.batches = 0
 
     # -- the Trio side -----------------------------------------------------------------------
 
     def submit(self, job: CommitJob) -> None:
-        """Queue ``job`` for the next round (starting it now if no round is in flight)."""
-        self._queue.append(job)
-        if self._in_flight is None:
-            self._next_round()
+        """Queue ``job`` for the next round (starting a carrier if none runs: the
+        writer thread then takes it at once)."""
+        with self._mutex:
+            self._pending.append(job)
+            if self._busy:
+                return  # the running chain (or the gated round's completion) takes it
+            self._busy = True
+        self._dispatch()
 
     def withdraw(self, job: CommitJob) -> bool:
-        """Take ``job`` back if it is still queued or its round has not reached it
-        (True: it is never written)."""
-        if job in self._queue:
-            self._queue.remove(job)
-            job.withdraw_if_not_started()
-            return True
+        """Take ``job`` back if no round took it yet or its round has not reached it
+        (True: it is never written). Race-free against the writer thread: a round
+        takes pending jobs under ``_mutex``, and a taken job is claimed by
+        :meth:`CommitJob.start` under the job's own lock."""
+        with self._mutex:
+            try:
+                self._pending.remove(job)
+            except ValueError:
+                pass  # taken by a round already: the job's own lock decides
+            else:
+                job.withdraw_if_not_started()
+                return True
         return job.withdraw_if_not_started()
 
     async def wait(self, job: CommitJob) -> outcome.Outcome[None]:
@@ -391,35 +416,108 @@ class GroupCommitter:
             self._watching = False
             self._watch_idle_until = -math.inf
 
-    def _next_round(self) -> None:
-        jobs, self._queue = self._queue, []
-        self._in_flight = jobs
-        self.rounds += 1
-        self.batches += len(jobs)
+    def _dispatch(self) -> None:
+        """Trio thread, owning the carrier role (``_busy`` set by the caller): start
+        the rounds of what is pending.
+
+        Normally a *chain* on the committer's writer thread (:meth:`_chain`): it takes
+        every pending batch as a round starts and, once the round is written, starts
+        the next one itself with whatever was submitted meanwhile; the Trio thread
+        only submits and completes.
+
+        Under a thread gate (``start_thread_soon`` as ``trio.to_thread`` finds it is
+        not Trio's own: ``harness.faults.explore``, which makes thread completions
+        deterministic) each round is instead one gated hand-off whose batches are
+        taken here, on the Trio side, and the next round is dispatched by this
+        round's completion (:meth:`_complete_gated`): a writer thread that moved on by
+        itself would compose rounds by timing, and a replay would not repeat them."""
+        start = thread_starter()
+        if start is _TRIO_START:
+            self._thread.start_soon(
+                functools.partial(self._chain, trio.lowlevel.current_trio_token()), _chain_ended
+            )
+            return
+        with self._mutex:
+            jobs, self._pending = self._pending, []
+            self.rounds += 1
+            self.batches += len(jobs)
         token = trio.lowlevel.current_trio_token()
         backend = self.backend
         cache = self._group_cache
 
-        def deliver(result: outcome.Outcome[list[BaseException | None]]) -> None:  # the writer thread
+        def deliver(
+            result: outcome.Outcome[list[BaseException | None]],
+        ) -> None:  # the gated thread
             with contextlib.suppress(trio.RunFinishedError):
-                token.run_sync_soon(self._complete, jobs, result)
+                token.run_sync_soon(self._complete_gated, jobs, result)
 
-        self._dispatch(lambda: run_round(backend, jobs, cache), deliver)
+        start(lambda: run_round(backend, jobs, cache), deliver, "harness group commit round")
 
-    def _dispatch(self, fn: Callable[[], Any], deliver: Callable[[outcome.Outcome[Any]], None]) -> None:
-        # Looked up at each round where ``trio.to_thread`` looks it up: a harness that
-        # replaced it (the thread gate of ``harness.faults.explore``) sees this round as
-        # one of its worker threads and hands its result back deterministically. Only
-        # the carrier differs; the rounds, the waits and their bounds are the same.
-        start = thread_starter()
-        if start is not _TRIO_START:
-            start(fn, deliver, "harness group commit round")
-        else:
-            self._thread.start_soon(fn, deliver)
+    def _chain(self, token: trio.lowlevel.TrioToken) -> None:
+        """Blocking (the writer thread): write rounds back to back while batches are
+        pending; then give up the carrier role (under ``_mutex``, with nothing pending:
+        a later :meth:`submit` starts a new chain). Each written round is handed to
+        the Trio thread in ``_done``, with one ``run_sync_soon`` for as many rounds as
+        it has not completed yet (:meth:`_complete_rounds`). If the run ended, nobody
+        waits: what is pending is dropped unwritten (never started, as a withdrawn
+        job) and the chain ends."""
+        mutex = self._mutex
+        backend = self.backend
+        cache = self._group_cache
+        try:
+            while True:
+                with mutex:
+                    jobs, self._pending = self._pending, []
+                    if not jobs:
+                        self._busy = False
+                        return
+                    self.rounds += 1
+                    self.batches += len(jobs)
+                # ``run_round`` looked up at each round (a profiler may wrap it).
+                result = outcome.capture(run_round, backend, jobs, cache)
+                with mutex:
+                    done = self._done
+                    done.append((jobs, result))
+                    wake = len(done) == 1  # else a completion is already on its way
+                del jobs, result  # not kept while the next round runs
+                if wake:
+                    try:
+                        token.run_sync_soon(self._complete_rounds)
+                    except trio.RunFinishedError:
+                        with mutex:
+                            self._done.clear()
+                            self._pending.clear()
+                            self._busy = False
+                        return
+        except BaseException:  # pragma: no cover - a bug in the chain itself
+            with mutex:
+                self._busy = False  # the next submit starts a new chain for what is pending
+            raise
 
-    def _complete(self, jobs: list[CommitJob], result: outcome.Outcome[list[BaseException | None]]) -> None:
-        """Trio thread (one ``run_sync_soon`` per round): every waiter of the round is
-        rescheduled with its own outcome; the batches queued meanwhile go out next."""
+    def _complete_rounds(self) -> None:
+        """Trio thread (one ``run_sync_soon`` per batch of rounds written since the
+        last one ran): complete each, in order."""
+        with self._mutex:
+            done, self._done = self._done, []
+        for jobs, result in done:
+            self._complete(jobs, result)
+
+    def _complete_gated(
+        self, jobs: list[CommitJob], result: outcome.Outcome[list[BaseException | None]]
+    ) -> None:
+        """Trio thread: a gated round's completion; dispatches the next round if
+        batches were submitted meanwhile, else gives up the carrier role."""
+        self._complete(jobs, result)
+        with self._mutex:
+            if not self._pending:
+                self._busy = False
+                return
+        self._dispatch()
+
+    def _complete(
+        self, jobs: list[CommitJob], result: outcome.Outcome[list[BaseException | None]]
+    ) -> None:
+        """Trio thread: every waiter of the round is rescheduled with its own outcome."""
         if isinstance(result, outcome.Error):  # run_round itself failed: nothing is durable
             errors: list[BaseException | None] = [result.error] * len(jobs)
         else:
@@ -433,14 +531,11 @@ class GroupCommitter:
             watched.pop(job, None)
         if self._watch_closing:
             self._end_idle_watch()
-        if self._in_flight is jobs:
-            self._in_flight = None
-        if self._queue and self._in_flight is None:
-            self._next_round()
 
     def close(self) -> threading.Thread | None:
         """Stop the writer thread once it is idle (a later round starts a new one); the
-        thread, if one runs (to join). A round on it finishes first. The watchdog of
+        thread, if one runs (to join). A chain on it finishes first (its round, and the
+        rounds of what is still pending). The watchdog of
         the bounded waits ends once none is left (no task outlives the persistence);
         a later wait starts a new one, which no longer lingers."""
         self._watch_closing = True
@@ -450,3 +545,10 @@ class GroupCommitter:
     def _end_idle_watch(self) -> None:
         if not self._watched and self._watch_scope is not None:
             self._watch_scope.cancel()  # it wakes, finds nothing watched, and ends
+
+
+def _chain_ended(result: outcome.Outcome[None]) -> None:
+    """The writer thread, after a chain: it returns nothing and raises nothing (each
+    round's outcome is captured); anything else is a bug, logged, not lost."""
+    if isinstance(result, outcome.Error):  # pragma: no cover - a bug in the chain
+        log.error("group commit: a chain of rounds failed: %r", result.error)
