@@ -8,6 +8,7 @@ from __future__ import annotations
 import errno
 import os
 import random
+import subprocess
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -168,6 +169,22 @@ def test_without_syncfs_the_round_fsyncs_each_file(tmp_path: Path, monkeypatch: 
     assert info.value.errno == errno.ENOSYS
 
 
+@needs_syncfs
+def test_syncfs_is_trusted_on_the_journaling_filesystems_only(tmp_path: Path) -> None:
+    fd = os.open(tmp_path, os.O_RDONLY)
+    try:
+        kind = subprocess.run(["stat", "-f", "-c", "%t", str(tmp_path)], capture_output=True, text=True, check=True).stdout.strip()
+        assert files_module.syncfs_is_durable(fd) == (int(kind, 16) in files_module.SYNCFS_FILESYSTEMS)
+    finally:
+        os.close(fd)
+    if Path("/dev/shm").is_dir():
+        fd = os.open("/dev/shm", os.O_RDONLY)
+        try:
+            assert not files_module.syncfs_is_durable(fd)  # tmpfs
+        finally:
+            os.close(fd)
+
+
 def test_no_syncfs_below_linux_5_8() -> None:
     at_least = files_module._kernel_at_least
     assert at_least("5.8.0-1-amd64", (5, 8)) and at_least("6.18.44-fc", (5, 8)) and at_least("5.10+deb", (5, 8))
@@ -191,7 +208,10 @@ def test_one_syncfs_per_filesystem(tmp_path: Path) -> None:
             for fd in fds:
                 os.write(fd, b"x\n")
             assert files.sync_round(fds) == [None] * 5
-            assert files.syncfs_calls == [3, 2]  # in the order the filesystems come
+            # One syncfs for tmp_path's filesystem; tmpfs is not one whose syncfs is
+            # trusted (decision 0014's list), so its two files get an fsync each.
+            assert files.syncfs_calls == [3]
+            assert len(files.fsyncs) == 2
         finally:
             for fd in fds:
                 os.close(fd)

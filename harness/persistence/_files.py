@@ -60,6 +60,37 @@ def _load_syncfs() -> Callable[[int], int] | None:
 
 _syncfs = _load_syncfs()
 
+#: ``statfs`` magic numbers of the filesystems whose ``syncfs`` writes back, commits the
+#: journal and flushes the device cache: ext2/3/4, XFS, Btrfs, F2FS. Elsewhere (FUSE
+#: without FUSE_SYNCFS, network filesystems, tmpfs where it is moot) a round keeps its
+#: fdatasyncs, whose promise those filesystems do implement.
+SYNCFS_FILESYSTEMS: Final = frozenset({0xEF53, 0x58465342, 0x9123683E, 0xF2F52010})
+
+
+def _load_fstatfs() -> Callable[..., int] | None:
+    if _syncfs is None:
+        return None
+    try:
+        fn: Callable[..., int] = ctypes.CDLL(None, use_errno=True).fstatfs
+    except (OSError, AttributeError):
+        return None
+    return fn
+
+
+_fstatfs = _load_fstatfs()
+
+
+def syncfs_is_durable(fd: int) -> bool:
+    """Whether ``fd``'s filesystem is one of :data:`SYNCFS_FILESYSTEMS` (``fstatfs``'s
+    ``f_type``, the first field of ``struct statfs``, a native word on Linux; read
+    each round, so a remount is seen: ~1 us)."""
+    if _fstatfs is None:
+        return False
+    buf = ctypes.create_string_buffer(256)  # larger than struct statfs on any ABI
+    if _fstatfs(fd, buf) != 0:
+        return False
+    return (ctypes.c_ulong.from_buffer(buf).value & 0xFFFFFFFF) in SYNCFS_FILESYSTEMS
+
 #: :attr:`OsFiles.syncfs_min` where ``syncfs`` is usable. Measured on ext4 (a
 #: Firecracker virtio disk; decision 0014): one fdatasync 160 us, one syncfs 300;
 #: 8 files appended and made durable: 707 us with parallel fdatasyncs, 183 with one
@@ -118,7 +149,7 @@ class OsFiles:
         """Blocking: make one round's descriptors durable, the cheaper of two ways,
         with :meth:`fsync_each`'s result. From :attr:`syncfs_min` descriptors on, one
         :meth:`syncfs` per filesystem (by ``st_dev``, in the order the descriptors
-        come; ``fds[0]`` of each is the first opened, before any of the round's data
+        come; only on the filesystems of :data:`SYNCFS_FILESYSTEMS`; ``fds[0]`` of each is the first opened, before any of the round's data
         was written); a filesystem whose ``syncfs`` failed has its descriptors
         fsynced one by one (:meth:`fsync_each`), so each batch still gets its own
         verdict: its own writeback error reaches its own descriptor. Below it, or
@@ -141,7 +172,7 @@ class OsFiles:
         out: list[OSError | None] = [None] * len(fds)
         for members in groups.values():
             mine = [fds[i] for i in members]
-            if len(mine) >= least:
+            if len(mine) >= least and syncfs_is_durable(mine[0]):
                 try:
                     self.syncfs(mine)
                     continue
