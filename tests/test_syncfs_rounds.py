@@ -18,6 +18,8 @@ import pytest
 import harness.persistence._files as files_module
 from harness.errors import PersistenceArgumentError, StorageIOError
 from harness.faults import FaultyFiles, PowerLossFiles
+from harness.faults._group_scenario import _events
+from harness.faults._group_scenario import _header as header
 from harness.persistence import JsonlBackend, OsFiles
 from harness.persistence._backend import GroupWrite
 from harness.persistence._files import SYNCFS_MIN, SimulatedCrash
@@ -25,21 +27,8 @@ from harness.persistence._files import SYNCFS_MIN, SimulatedCrash
 needs_syncfs = pytest.mark.skipif(SYNCFS_MIN is None, reason="no syncfs(2) that reports writeback errors here")
 
 
-def header(sid: str) -> dict[str, Any]:
-    return {"version": 0, "id": sid, "createdAt": 1, "cwd": "/sync", "delegationDepth": 0}
-
-
 def records(sid: str, start: int, n: int = 1) -> list[dict[str, Any]]:
-    return [
-        {
-            "type": "user/message",
-            "seq": i,
-            "time": 1000 + i,
-            "data": {"id": f"{sid}{i}", "role": "user", "content": [{"type": "text", "text": f"m{i}"}], "source": {"kind": "user"}},
-            "surfaceOp": "append",
-        }
-        for i in range(start, start + n)
-    ]
+    return _events(sid, start, n)
 
 
 class Recording(OsFiles):
