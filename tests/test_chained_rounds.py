@@ -320,3 +320,46 @@ async def test_under_a_thread_gate_each_round_is_one_gated_hand_off_composed_on_
         assert p.committer._thread._thread is None
     for sid in "abc":
         assert on_disk(tmp_path, sid) == [0, 1]
+
+
+class _TaskSteps(trio.abc.Instrument):
+    def __init__(self) -> None:
+        self.tasks: list[str] = []
+
+    def before_task_step(self, task: trio.lowlevel.Task) -> None:
+        self.tasks.append(task.name)
+
+
+async def test_a_completion_wakes_the_waiters_of_its_rounds_and_no_other_task(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Issue 26 (decision 0018): delivering rounds costs one scheduler step for all of
+    # them (the entry queue running the ``run_sync_soon`` callback, which reschedules
+    # every waiter itself), then one step per waiter: no task per round or per batch.
+    backend = SteppedJsonl(tmp_path)
+    chains_ended = threading.Event()
+    ended = committer_module._chain_ended
+
+    def chain_ended(result: outcome.Outcome[None]) -> None:
+        ended(result)
+        if len(backend.groups) == 2:
+            chains_ended.set()
+
+    monkeypatch.setattr(committer_module, "_chain_ended", chain_ended)
+    async with open_store() as store, open_persistence(store, backend, write_delay=60) as p:
+        a, b, c = await sessions(store, "a", "b", "c")
+        steps = _TaskSteps()
+        async with trio.open_nursery() as n:
+            await flushes_queued_behind_a_held_round(backend, p.committer, a, (b, c), n)
+            trio.lowlevel.add_instrument(steps)  # from here the Trio thread is blocked
+            backend.release[0].set()
+            backend.release[1].set()
+            assert chains_ended.wait(WAIT)  # both rounds written, neither completed
+        trio.lowlevel.remove_instrument(steps)
+        flushers = [t for t in steps.tasks if "flush" in t]
+        others = [t for t in steps.tasks if "flush" not in t]
+        assert len(flushers) == 3  # each waiter resumes once and returns
+        # The entry queue once (both rounds), and this task leaving the nursery.
+        assert len(others) == 2 and sum("run_sync_soon" in t for t in others) == 1, steps.tasks
+    for sid in "abc":
+        assert on_disk(tmp_path, sid) == [0, 1]
