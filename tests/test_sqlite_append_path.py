@@ -6,12 +6,14 @@ storage-level stale-writer check still refuses a batch that does not continue th
 from __future__ import annotations
 
 import sqlite3
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from harness.errors import SessionCorruptionError
+from harness.errors import SessionCorruptionError, SqliteSchemaError
 from harness.faults import SqliteFaults
 from harness.persistence import SqliteBackend
 from tests.helpers import rec, user
@@ -72,3 +74,58 @@ def test_rows_removed_behind_the_revisions_back_are_noticed(tmp_path: Path) -> N
             b.append("s", events(3, 1))  # a remembered tail would have left a gap
     finally:
         b.close()
+
+
+MUTATION_CHECK = (
+    "SELECT user_version, application_id, schema_version "
+    "FROM pragma_user_version, pragma_application_id, pragma_schema_version"
+)
+
+
+def test_the_ownership_check_runs_again_once_another_connection_committed(tmp_path: Path) -> None:
+    # Decision 0019: ``PRAGMA data_version`` (read in every write transaction) moves
+    # when another connection commits; while it stands still the database cannot have
+    # changed hands, and the reference's ownership check is not repeated.
+    hook = SqliteFaults()
+    mine = SqliteBackend(tmp_path / "s.db", faults=hook)
+    try:
+        mine.materialize(H, events(0, 1))
+        assert MUTATION_CHECK in hook.statements
+        mark = hook.count
+        mine.append("s", events(1, 1))
+        mine.append("s", events(2, 1))
+        ran = hook.statements[mark:]
+        assert MUTATION_CHECK not in ran and ran.count("PRAGMA data_version") == 2
+        raw = sqlite3.connect(tmp_path / "s.db")
+        with raw:
+            raw.execute("PRAGMA user_version = 17")  # a commit that changes nothing we check
+        raw.close()
+        mark = hook.count
+        mine.append("s", events(3, 1))
+        mine.append("s", events(4, 1))
+        assert hook.statements[mark:].count(MUTATION_CHECK) == 1  # once, then settled again
+        assert [r["seq"] for r in mine.load("s").records] == [0, 1, 2, 3, 4]
+    finally:
+        mine.close()
+
+
+def test_a_header_changed_by_another_process_is_refused_at_the_next_append(tmp_path: Path) -> None:
+    b = SqliteBackend(tmp_path / "s.db")
+    try:
+        b.materialize(H, events(0, 1))
+        b.append("s", events(1, 1))  # checked, and the check settled
+        script = f"import sqlite3; c = sqlite3.connect({str(tmp_path / 's.db')!r}); c.execute('PRAGMA user_version = 16'); c.commit()"
+        subprocess.run([sys.executable, "-c", script], check=True)
+        with pytest.raises(SqliteSchemaError, match=r"schema changed before mutation \(expected 17, got 16\)"):
+            b.append("s", events(2, 1))
+        assert raw_rows(tmp_path / "s.db") == [0, 1]
+    finally:
+        b.close()
+
+
+def raw_rows(path: Path) -> list[int]:
+    db = sqlite3.connect(path)
+    try:
+        return [seq for (seq,) in db.execute("SELECT seq FROM events ORDER BY seq")]
+    finally:
+        db.close()

@@ -115,10 +115,12 @@ class OsFiles:
         return os.open(path, flags, mode)
 
     def write(self, fd: int, data: bytes) -> None:
-        view = memoryview(data)
-        while view:
-            n = os.write(fd, view)
-            view = view[n:]
+        n = os.write(fd, data)
+        if n < len(data):  # a short write (a signal, a full disk): write the rest
+            view = memoryview(data)[n:]
+            while view:
+                n = os.write(fd, view)
+                view = view[n:]
 
     def fsync(self, fd: int) -> None:
         """Make the file's data durable, with the metadata needed to read it back.
@@ -145,7 +147,7 @@ class OsFiles:
             code = ctypes.get_errno()
             raise OSError(code, f"syncfs: {os.strerror(code)}")
 
-    def sync_round(self, fds: Sequence[int]) -> list[OSError | None]:
+    def sync_round(self, fds: Sequence[int], devs: Sequence[int] | None = None) -> list[OSError | None]:
         """Blocking: make one round's descriptors durable, the cheaper of two ways,
         with :meth:`fsync_each`'s result. From :attr:`syncfs_min` descriptors on, one
         :meth:`syncfs` per filesystem (by ``st_dev``, in the order the descriptors
@@ -154,7 +156,11 @@ class OsFiles:
         fsynced one by one (:meth:`fsync_each`), so each batch still gets its own
         verdict: its own writeback error reaches its own descriptor. Below it, or
         where a layer replaced :meth:`fsync` but not :meth:`syncfs` (a layer that
-        fails or counts fsyncs would otherwise be bypassed), :meth:`fsync_each`."""
+        fails or counts fsyncs would otherwise be bypassed), :meth:`fsync_each`.
+
+        ``devs``, aligned with ``fds``: each descriptor's ``st_dev``, if the caller
+        already has it (JSONL's round stats every file before writing it): no
+        ``fstat`` per descriptor here."""
         least = self.syncfs_min
         cls = type(self)
         if (
@@ -165,8 +171,10 @@ class OsFiles:
             return self.fsync_each(fds)
         groups: dict[int, list[int]] = {}
         try:
-            for i, fd in enumerate(fds):
-                groups.setdefault(os.fstat(fd).st_dev, []).append(i)
+            if devs is None:
+                devs = [os.fstat(fd).st_dev for fd in fds]
+            for i, dev in enumerate(devs):
+                groups.setdefault(dev, []).append(i)
         except OSError:
             return self.fsync_each(fds)
         out: list[OSError | None] = [None] * len(fds)

@@ -27,6 +27,7 @@ from harness.persistence._backend import (
 )
 from harness.persistence._files import OsFiles
 from harness.persistence._jsonl_layout import _JsonlLayout
+from harness.persistence._jsonl_logs import OpenLog
 
 LOCKFILE: Final = "writer.lock"
 ROOT_LOCKFILE: Final = ".root.lock"  # not a directory: listing and lookup skip it
@@ -190,19 +191,47 @@ class _JsonlLocking(_JsonlLayout):
 
 
 class _FlockLease(WriterLease):
+    """A writer's ``flock``; while held it may keep its log's append descriptor
+    (:class:`~._jsonl_logs.OpenLog`, decision 0019), closed before the lock is
+    released."""
+
     def __init__(self, files: OsFiles, fd: int) -> None:
-        self._files = files
+        self.files = files
         self._fd: int | None = fd
+        self._log: OpenLog | None = None
+        self._log_mutex = threading.Lock()  # the kept log vs a release on another thread
+
+    def take_log(self) -> OpenLog | None:
+        """The kept log descriptor, handed to the caller (who keeps it again with
+        :meth:`keep_log` or closes it), or ``None``."""
+        with self._log_mutex:
+            log, self._log = self._log, None
+        return log
+
+    def keep_log(self, log: OpenLog) -> bool:
+        """Keep ``log`` until the next append or the release; False if this lease
+        was released meanwhile or keeps another one (the caller closes ``log``)."""
+        with self._log_mutex:
+            if self._fd is None or self._log is not None:
+                return False
+            self._log = log
+            return True
 
     def release(self) -> None:
-        fd, self._fd = self._fd, None
-        if fd is not None:
-            try:
-                with contextlib.suppress(OSError):
-                    self._files.ftruncate(fd, 0)
-            finally:
-                with contextlib.suppress(OSError):
-                    self._files.close(fd)  # closing the descriptor drops the flock
+        with self._log_mutex:
+            log, self._log = self._log, None
+            fd, self._fd = self._fd, None
+        try:
+            if log is not None:
+                log.close(self.files)  # before the lock: no write behind another writer's back
+        finally:
+            if fd is not None:
+                try:
+                    with contextlib.suppress(OSError):
+                        self.files.ftruncate(fd, 0)
+                finally:
+                    with contextlib.suppress(OSError):
+                        self.files.close(fd)  # closing the descriptor drops the flock
 
 
 def _describe_holder(holder: Any) -> str:

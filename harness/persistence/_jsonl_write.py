@@ -26,7 +26,8 @@ from harness.persistence._backend import (
     header_line,
     unwritten_after_failure,
 )
-from harness.persistence._jsonl_lock import _JsonlLocking
+from harness.persistence._jsonl_lock import _FlockLease, _JsonlLocking
+from harness.persistence._jsonl_logs import BUDGET, OpenLog
 from harness.persistence._jsonl_read import _JsonlReading, _revision
 from harness.session import pack_chunk_runs
 from harness.session._chunks import MIN_ROW_MEMBERS
@@ -42,6 +43,8 @@ class _JsonlWriting(_JsonlReading, _JsonlLocking):
         record that cannot be stored (never a raw ``TypeError`` from orjson)."""
         dumps = orjson.dumps
         try:
+            if len(records) == 1:  # a durable single append: no join, no scan
+                return dumps(records[0], option=orjson.OPT_APPEND_NEWLINE)
             # Fewer records than a packed row's members: nothing can pack (a durable
             # single append skips the scan).
             rows = pack_chunk_runs(records) if self.pack_chunks and len(records) >= MIN_ROW_MEMBERS else records
@@ -164,11 +167,14 @@ class _JsonlWriting(_JsonlReading, _JsonlLocking):
 
         If a rollback itself failed earlier, the torn bytes it left are truncated (and
         fsynced) first; while that fails, appends fail closed rather than land behind
-        garbage that a later load would cut off as a torn tail.
+        garbage that a later load would cut off as a torn tail. With this backend's
+        ``lease`` the log's descriptor may stay open for the next append (decision 0019).
         """
         if not records:
             return
-        self._append_bytes(session_id, self._append_path(session_id), self._batch_payload(session_id, records))
+        self._append_bytes(
+            session_id, self._append_path(session_id), self._batch_payload(session_id, records), lease
+        )
 
     def _append_path(self, session_id: str) -> Path:
         """Where to append: the log this instance last wrote or found, taken on trust
@@ -201,34 +207,82 @@ class _JsonlWriting(_JsonlReading, _JsonlLocking):
         except OSError as exc:
             raise StorageIOError(f'opening session "{session_id}" failed: {exc}', session_id=session_id) from exc
 
-    def _append_bytes(self, session_id: str, path: Path, payload: bytes) -> None:
-        path, fd, size = self._open_and_write(session_id, path, payload)
+    def _append_bytes(
+        self, session_id: str, path: Path, payload: bytes, lease: WriterLease | None = None
+    ) -> None:
+        path, fd, size, _, kept = self._open_and_write(session_id, path, payload, lease)
         try:
             try:
                 self.files.fsync(fd)
             except OSError as exc:
                 raise self._roll_back(session_id, path, fd, size, exc) from exc
         finally:
-            with contextlib.suppress(OSError):
-                self.files.close(fd)
+            self._done_with(fd, kept, lease)
 
-    def _open_and_write(self, session_id: str, path: Path, payload: bytes) -> tuple[Path, int, int]:
-        """Open the log (:meth:`_open_log`), settle a torn tail, write ``payload``: the
-        path opened, the open descriptor and the size to roll back to. A failed write
-        is rolled back (and raised); the caller fsyncs, rolls back a failed fsync
-        (:meth:`_roll_back`) and closes."""
-        path, fd = self._open_log(session_id, path)
+    def _kept_log(self, lease: WriterLease | None, path: Path) -> tuple[OpenLog, os.stat_result] | None:
+        """The descriptor ``lease`` kept for ``path``, if a ``stat`` of ``path`` still
+        names the inode it opened (what opening ``path`` would give: a log deleted,
+        replaced or moved away since is not written behind), with that ``stat``; else
+        ``None``, any kept descriptor closed (decision 0019)."""
+        if type(lease) is not _FlockLease or lease.files is not self.files:
+            return None
+        log = lease.take_log()
+        if log is None:
+            return None
+        spath = str(path)
+        if log.path == spath:
+            try:
+                st = os.stat(spath)
+            except OSError:
+                pass  # gone (or unreadable): opened by name below, which tells
+            else:
+                if st.st_ino == log.ino and st.st_dev == log.dev:
+                    return log, st
+        log.close(self.files)
+        return None
+
+    def _done_with(self, fd: int, kept: OpenLog | None, lease: WriterLease | None) -> None:
+        """After a batch (whatever its outcome): keep its descriptor for the lease's
+        next append, or close it."""
+        if kept is not None:
+            if type(lease) is _FlockLease and lease.keep_log(kept):
+                return
+            kept.close(self.files)
+            return
+        with contextlib.suppress(OSError):
+            self.files.close(fd)
+
+    def _open_and_write(
+        self, session_id: str, path: Path, payload: bytes, lease: WriterLease | None = None
+    ) -> tuple[Path, int, int, int, OpenLog | None]:
+        """Open the log (:meth:`_open_log`; or use the descriptor ``lease`` kept for it,
+        :meth:`_kept_log`), settle a torn tail, write ``payload``: the path opened, the
+        descriptor, the size to roll back to, the file's ``st_dev`` and the
+        :class:`OpenLog` to keep (``None``: close the descriptor). A failed write is
+        rolled back (and raised); the caller fsyncs, rolls back a failed fsync
+        (:meth:`_roll_back`) and ends with :meth:`_done_with`."""
+        found = self._kept_log(lease, path) if lease is not None else None
+        kept: OpenLog | None
+        if found is not None:
+            kept, st = found
+            fd = kept.fd
+        else:
+            path, fd = self._open_log(session_id, path)
+            kept = None
         try:
-            size = self._settle_torn_tail(session_id, path, fd)
+            if found is None:
+                st = os.fstat(fd)
+                if type(lease) is _FlockLease and lease.files is self.files and BUDGET.take():
+                    kept = OpenLog(str(path), fd, st.st_dev, st.st_ino)
+            size = self._settle_torn_tail(session_id, path, fd, st.st_size)
             try:
                 self.files.write(fd, payload)
             except OSError as exc:
                 raise self._roll_back(session_id, path, fd, size, exc) from exc
         except BaseException:
-            with contextlib.suppress(OSError):
-                self.files.close(fd)
+            self._done_with(fd, kept, lease)
             raise
-        return path, fd, size
+        return path, fd, size, st.st_dev, kept
 
     def _roll_back(self, session_id: str, path: Path, fd: int, size: int, exc: OSError) -> StorageIOError:
         """After a failed write or fsync: truncate back to ``size`` and fsync; the error
@@ -284,7 +338,8 @@ class _JsonlWriting(_JsonlReading, _JsonlLocking):
         return results
 
     def _write_round(self, writes: Sequence[GroupWrite], indexes: Sequence[int], results: list[BaseException | None]) -> None:
-        written: list[tuple[int, Path, int, int]] = []  # index, path, fd, size before
+        # index, (path, fd, size before, st_dev, descriptor kept)
+        written: list[tuple[int, tuple[Path, int, int, int, OpenLog | None]]] = []
         try:
             for i in indexes:
                 w = writes[i]
@@ -295,27 +350,31 @@ class _JsonlWriting(_JsonlReading, _JsonlLocking):
                         sid = w.session_id
                         path = self._append_path(sid)
                         payload = self._batch_payload(sid, w.records)
-                        written.append((i, *self._open_and_write(sid, path, payload)))
+                        written.append((i, self._open_and_write(sid, path, payload, w.lease)))
                 except Exception as exc:
                     results[i] = exc
-            fds = [fd for _, _, fd, _ in written]
-            # Each fd was opened just before its own write: fds[0] before all of the
-            # round's writes, as OsFiles.syncfs needs to hear of their writeback errors.
-            synced = self.files.sync_round(fds) if self.group_sync == "auto" else self.files.fsync_each(fds)
-            for (i, path, fd, size), err in zip(written, synced, strict=True):
+            fds = [one[1] for _, one in written]
+            # Each fd was opened (a kept one: validated) before its own write: fds[0]
+            # before all of the round's writes, as OsFiles.syncfs needs to hear of
+            # their writeback errors (a kept descriptor hears of those since its last
+            # sync, a superset).
+            if self.group_sync == "auto":
+                synced = self.files.sync_round(fds, [one[3] for _, one in written])
+            else:
+                synced = self.files.fsync_each(fds)
+            for (i, (path, fd, size, _, _)), err in zip(written, synced, strict=True):
                 if err is not None:
                     rolled = self._roll_back(writes[i].session_id, path, fd, size, err)
                     rolled.__cause__ = err
                     results[i] = rolled
         finally:
-            for _, _, fd, _ in written:
-                with contextlib.suppress(OSError):
-                    self.files.close(fd)
+            for i, (_, fd, _, _, kept) in written:
+                self._done_with(fd, kept, writes[i].lease)
 
-    def _settle_torn_tail(self, session_id: str, path: Path, fd: int) -> int:
-        """The size to append at: the file's size, after truncating the bytes a failed
-        rollback left behind (if any). Raises (fail closed) if that truncate fails."""
-        size = os.fstat(fd).st_size
+    def _settle_torn_tail(self, session_id: str, path: Path, fd: int, size: int) -> int:
+        """The size to append at: the file's ``size``, after truncating the bytes a
+        failed rollback left behind (if any). Raises (fail closed) if that truncate
+        fails."""
         good = self._torn.get(session_id)
         if good is None:
             return size

@@ -98,6 +98,9 @@ class SqliteConnection:
         self._identity = ""  # "file:<dev>:<ino>:<birth>:store:<store id>" of the open database
         self._store_id = ""
         self._cookie: int | None = None  # schema_version at the last ownership check that passed
+        # ``PRAGMA data_version`` when that check passed (None: not on this connection):
+        # unchanged, no other connection has committed to the database since.
+        self._checked_version: int | None = None
         self._tokens: set[str] = set()  # lease tokens this instance handed out
         # Idle renewal: the leases this instance holds, renewed by a daemon thread.
         self._held: dict[str, _LeaseRow] = {}  # token -> lease
@@ -202,6 +205,7 @@ class SqliteConnection:
                 raise StorageIOError(f"creating lease file {self.lease_path} failed: {exc}") from exc
             raise
         self._cookie = None
+        self._checked_version = None  # data_version is per connection
         self._db = db
         return db
 
@@ -324,9 +328,7 @@ class SqliteConnection:
                 raise
             try:
                 if immediate and owned:
-                    self._cookie = check_for_mutation(
-                        lambda sql, params=(): self._exec(db, sql, params), self.path, self._cookie
-                    )
+                    self._check_ownership(db)
                 yield db
             except SimulatedCrash:
                 self._die()
@@ -350,6 +352,27 @@ class SqliteConnection:
                 self._pending_tails = {}
             if not db.in_transaction:  # committed: the tails it left are the stored ones
                 self._tails.update(pending)
+
+    def _check_ownership(self, db: sqlite3.Connection) -> None:
+        """Inside a write transaction (its write lock held, so its snapshot is the
+        latest): the database is still ours (:func:`check_for_mutation`, the
+        reference's re-validation before every mutation) -- unless no other connection
+        committed to it since the last check that passed on this connection, which
+        ``PRAGMA data_version`` tells (it moves exactly when another connection, of
+        any process, commits; this connection's own commits do not move it, and this
+        connection changes no header field or schema object after opening). Then the
+        header fields and the schema cannot have changed, and the check (three pragma
+        table functions, each re-preparing a ``PRAGMA`` statement: ~8 us of the
+        writer thread hot, ~40 us cold, per transaction; decision 0019) is skipped."""
+        row = self._exec(db, "PRAGMA data_version").fetchone()
+        version = None if row is None else row[0]
+        if version is not None and version == self._checked_version:
+            return
+        self._checked_version = None
+        self._cookie = check_for_mutation(
+            lambda sql, params=(): self._exec(db, sql, params), self.path, self._cookie
+        )
+        self._checked_version = version
 
     def close(self) -> None:
         """Close the connection and stop idle renewals (leases still out stay in the
