@@ -328,6 +328,28 @@ class SqliteSchemaError(StorageIOError):
         self.user_version = user_version
 
 
+class StorageCorruptionError(StorageIOError):
+    """A session database (or its lease file) whose pages are damaged: SQLite's own
+    consistency check (``PRAGMA quick_check``, or ``integrity_check``: the backend's
+    ``check``) found problems when the backend opened it, and the file was refused
+    before anything was written to it; or a statement reported corruption
+    (``SQLITE_CORRUPT``, "database disk image is malformed") later, and its transaction
+    was rolled back (nothing of it acknowledged). A damaged file is never written: recover
+    what is readable (``sqlite3 FILE .recover``) into a new file, or restore a backup.
+
+    ``path``: the damaged file; ``findings``: the check's first lines (or SQLite's
+    error message for a corruption found by a statement)."""
+
+    code = "STORAGE_CORRUPT"
+
+    def __init__(
+        self, message: str, *, path: Path, findings: tuple[str, ...] = (), session_id: str | None = None
+    ) -> None:
+        super().__init__(message, session_id=session_id)
+        self.path = path
+        self.findings = findings
+
+
 class UnsafeStoragePathError(StorageIOError):
     """A storage path the runtime refuses to use (reference §3, the SQLite path checks):
     the database's directory is not a real directory owned by the current user and
@@ -647,6 +669,7 @@ __all__ = [
     "SessionOwnerClosedError",
     "SessionTrackedError",
     "SqliteSchemaError",
+    "StorageCorruptionError",
     "StorageIOError",
     "StorageLayoutError",
     "StorageRowError",

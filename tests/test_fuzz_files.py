@@ -2,11 +2,16 @@
 duplicated or interleaved, a wrong header, a SQLite file that is another application's,
 of another schema version, with rows rewritten or pages corrupted. Every read is a typed
 error or a lossless success (what reads back is what was written, up to where the damage
-starts), and the runtime keeps serving the other sessions of the same root."""
+starts), and the runtime keeps serving the other sessions of the same root, with one
+exception: a SQLite file is one root, so a file that cannot be used at all (a foreign
+or unsupported database, or one whose pages the opening check finds damaged, decision
+0016) is refused whole, typed, and then no session of it is served; nothing is ever
+acknowledged into it. An acknowledged event always reads back."""
 
 from __future__ import annotations
 
 import contextlib
+import gc
 import shutil
 import sqlite3
 import tempfile
@@ -59,6 +64,30 @@ def base_roots(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         trio.run(_write_base, root, backend)
         roots[backend] = root
     return roots
+
+
+@pytest.fixture(scope="module")
+def checkpointed_sqlite(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The SQLite base with every page in the database file (see :func:`_checkpoint`)."""
+    root = tmp_path_factory.mktemp("base-sqlite-checkpointed")
+    trio.run(_write_base, root, "sqlite")
+    _checkpoint(root / "db.sqlite")
+    return root
+
+
+def _checkpoint(path: Path) -> None:
+    """Every committed page into the database file itself, its WAL emptied: the byte
+    damage then lands on the pages SQLite reads (not on stale ones a WAL frame
+    supersedes), whenever the collector happens to close the runtime's connection
+    (``open_runtime`` leaves the SQLite backend it builds to the collector, so the
+    ``base_roots`` file may or may not hold the last pages: it depends on when)."""
+    gc.collect()
+    db = sqlite3.connect(path)
+    try:
+        busy, _, _ = db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+        assert busy == 0
+    finally:
+        db.close()
 
 
 def _backend(name: str, root: Path) -> Any:
@@ -133,10 +162,47 @@ async def _probe(backend_name: str, root: Path, original: list[Any] | None, entr
         # nothing was acknowledged.
         assert not bystander_ok
         closed_with_error = True
+    if backend_name == "sqlite" and not bystander_ok:
+        # The bystander may go unserved only because the whole file is refused (it
+        # is one root): a fresh backend refuses it too, typed (reading it, or, for a
+        # file SQLite opens read-only, writing any new session), and a refusal as
+        # damaged is confirmed by SQLite's own check on the file.
+        code = await trio.to_thread.run_sync(_refusal, root)
+        assert code is not None, "the bystander was refused but the file opens"
+        if code == "STORAGE_CORRUPT":
+            assert _pages_damaged(root / "db.sqlite")
     if bystander_ok and not closed_with_error:
         # Acknowledged means durable, whatever the damaged session next to it did.
         events = await _events_of(_backend(backend_name, root), "bystander")
         assert events[0]["data"]["id"] == "b1"
+
+
+def _refusal(root: Path) -> str | None:
+    """The code a fresh SQLite backend raises for a read of ``root`` or, if it reads, for
+    a first write of another new session (None: the file reads and takes writes)."""
+    try:
+        backend = SqliteBackend(root / "db.sqlite")
+    except HarnessError as exc:
+        return exc.code
+    try:
+        backend.list_headers()
+        header = {"version": 0, "id": "second-bystander", "createdAt": 1, "cwd": CWD}
+        backend.materialize(header, [{"type": "user/message", "seq": 0, "time": 1, "data": user("b2", "x")}])
+    except HarnessError as exc:
+        return exc.code
+    finally:
+        backend.close()
+    return None
+
+
+def _pages_damaged(path: Path) -> bool:
+    db = sqlite3.connect(path)
+    try:
+        return db.execute("PRAGMA quick_check").fetchall() != [("ok",)]
+    except (sqlite3.DatabaseError, UnicodeDecodeError):  # text that is not UTF-8: a damaged page
+        return True
+    finally:
+        db.close()
 
 
 # -- JSONL --------------------------------------------------------------------------------------
@@ -457,7 +523,23 @@ def test_sqlite_foreign_and_corrupt_files(base_roots: dict[str, Path], case: str
 # opening checks raise UnicodeDecodeError out of the backend (now a typed error).
 @example(offset=3087, data=b"\x80")
 def test_fuzz_sqlite_bytes(base_roots: dict[str, Path], offset: int, data: bytes) -> None:
+    """Bytes overwritten anywhere in the database file. Damage the opening page check
+    finds refuses the whole file (see the module docstring); any other damage leaves
+    the bystander served, and its acknowledged event reads back."""
     _run_sqlite(base_roots["sqlite"], _overwrite(offset, data), "sqlite bit damage")
+
+
+@pytest.mark.parametrize(("offset", "data"), [(24320, b"\x00" * 9), (24322, b"\x00" * 10)])
+def test_sqlite_damaged_index_page_found_by_fuzzing(checkpointed_sqlite: Path, offset: int, data: bytes) -> None:
+    """Found by test_fuzz_sqlite_bytes: zero bytes over the cell-content area of the
+    (session_id, seq) index's leaf page (the last page, from about offset 24317; the
+    layout can move by a byte between runs, so these sit inside the range), on a base
+    whose pages are all in the file. SQLite did not notice it when the bystander's row
+    went in: the append was acknowledged and then read back as nothing, or as
+    "database disk image is malformed". Now the opening page check refuses the file
+    (STORAGE_CORRUPT) before anything is written (decision 0016;
+    tests/test_sqlite_corruption.py locates the page itself)."""
+    _run_sqlite(checkpointed_sqlite, _overwrite(offset, data), "sqlite bit damage")
 
 
 def test_base_logs_are_realistic(base_roots: dict[str, Path]) -> None:

@@ -23,6 +23,7 @@ from typing import Any, Final, Literal, Protocol
 from harness.errors import (
     PersistenceArgumentError,
     SqliteSchemaError,
+    StorageCorruptionError,
     StorageIOError,
 )
 from harness.persistence._files import OsFiles, SimulatedCrash
@@ -52,6 +53,13 @@ JournalMode = Literal["wal", "delete", "truncate", "persist"]
 #: The durable journal modes the reference accepts (``journalMode``; default ``wal``).
 JOURNAL_MODES: Final = ("wal", "delete", "truncate", "persist")
 _JOURNAL_BUSY_RETRY: Final = 0.010  # seconds between journal-mode attempts on SQLITE_BUSY
+PageCheck = Literal["quick", "integrity", "none"]
+#: What opening a connection checks of each file's pages before anything is written
+#: (``SqliteBackend(check=)``): ``PRAGMA quick_check`` (the default), ``PRAGMA
+#: integrity_check`` (also every index against its table), or nothing.
+PAGE_CHECKS: Final = ("quick", "integrity", "none")
+#: The most problems a page check reports (SQLite stops looking after that many).
+CHECK_LINES: Final = 10
 
 
 class StatementFaults(Protocol):
@@ -71,6 +79,7 @@ class SqliteConnection:
         lease_ttl: float = DEFAULT_LEASE_TTL,
         journal_mode: JournalMode = "wal",
         busy_timeout_ms: int = DEFAULT_BUSY_TIMEOUT_MS,
+        check: PageCheck = "quick",
         faults: StatementFaults | None = None,
         files: OsFiles | None = None,
     ) -> None:
@@ -84,6 +93,8 @@ class SqliteConnection:
             raise PersistenceArgumentError(
                 f"SQLite busy_timeout_ms must be an integer in [0, {MAX_BUSY_TIMEOUT_MS}], got {busy_timeout_ms!r}"
             )
+        if check not in PAGE_CHECKS:
+            raise PersistenceArgumentError(f"SQLite check must be one of {', '.join(PAGE_CHECKS)}, got {check!r}")
         # Lexically absolute, as the reference's path.resolve: Path.resolve() would follow
         # a symbolic link to the database (or its directory) instead of refusing it.
         self.path = Path(os.path.abspath(os.fspath(path)))
@@ -91,6 +102,7 @@ class SqliteConnection:
         self.lease_ttl = lease_ttl
         self.journal_mode: JournalMode = journal_mode
         self.busy_timeout_ms = busy_timeout_ms
+        self.check: PageCheck = check
         self.faults = faults
         self.files = files or OsFiles()
         self._lock = threading.Lock()
@@ -193,7 +205,7 @@ class SqliteConnection:
             self._open(db)
         except BaseException as exc:
             db.close()
-            if isinstance(exc, SqliteSchemaError):
+            if isinstance(exc, SqliteSchemaError | StorageCorruptionError):
                 raise
             if isinstance(exc, sqlite3.DatabaseError) and "not a database" in str(exc):
                 raise SqliteSchemaError(
@@ -211,11 +223,19 @@ class SqliteConnection:
 
     def _open(self, db: sqlite3.Connection) -> None:
         """The reference's opening sequence (``openDatabase``): connection security
-        (``trusted_schema=OFF``, ``mmap_size=0``, each read back), identity checks and a
-        pristine database's schema in one ``BEGIN IMMEDIATE``, the journal mode (retried
-        every 10 ms while SQLite answers busy, until ``busy_timeout_ms`` after the start),
-        ``synchronous=FULL`` (read back); then the lease file, the same way."""
+        (``trusted_schema=OFF``, ``mmap_size=0``, each read back), this port's page check
+        (:meth:`_check_pages`), identity checks and a pristine database's schema in one
+        ``BEGIN IMMEDIATE``, the journal mode (retried every 10 ms while SQLite answers
+        busy, until ``busy_timeout_ms`` after the start), ``synchronous=FULL`` (read
+        back); then the lease file, the same way (its page check right after it is
+        attached)."""
         deadline = time.monotonic() + self.busy_timeout_ms / 1000
+        with _corruption_of(self.path, "session database"):
+            self._open_main(db, deadline)
+        with _corruption_of(self.lease_path, "lease file"):
+            self._open_lease(db, deadline)
+
+    def _open_main(self, db: sqlite3.Connection, deadline: float) -> None:
         ex = self._exec
         where = f'session database at "{self.path}"'
         ex(db, "PRAGMA trusted_schema=OFF")
@@ -223,6 +243,10 @@ class SqliteConnection:
         ex(db, "PRAGMA mmap_size=0")
         _expect(ex(db, "PRAGMA mmap_size"), 0, f"{where} retained mmap_size={{}}, expected 0")
         ex(db, "PRAGMA foreign_keys=ON")
+        # Before the first statement that can write (a pristine database's schema): a
+        # damaged page is not always noticed by the statements that write next to it
+        # (a damaged index page took acknowledged rows in and then did not return them).
+        self._check_pages(db, "main", self.path, "session database")
 
         def exec_(sql: str, params: Sequence[Any] = ()) -> sqlite3.Cursor:
             return ex(db, sql, params)
@@ -231,11 +255,19 @@ class SqliteConnection:
         self._select_journal_mode(db, "", where, deadline)
         ex(db, "PRAGMA synchronous=FULL")
         _expect(ex(db, "PRAGMA synchronous"), 2, f"{where} retained synchronous={{}}, expected FULL (2)")
+
+    def _open_lease(self, db: sqlite3.Connection, deadline: float) -> None:
+        ex = self._exec
+
+        def exec_(sql: str, params: Sequence[Any] = ()) -> sqlite3.Cursor:
+            return ex(db, sql, params)
+
         try:
             self._create_file(self.lease_path, "lease file")
         except OSError as exc:
             raise StorageIOError(f"creating lease file {self.lease_path} failed: {exc}") from exc
         ex(db, f"ATTACH DATABASE ? AS {LEASE_SCHEMA}", (str(self.lease_path),))
+        self._check_pages(db, LEASE_SCHEMA, self.lease_path, "lease file")
         lease_where = f'lease file at "{self.lease_path}"'
         self._select_journal_mode(db, f"{LEASE_SCHEMA}.", lease_where, deadline)
         ex(db, f"PRAGMA {LEASE_SCHEMA}.synchronous=FULL")
@@ -243,6 +275,38 @@ class SqliteConnection:
             ex(db, f"PRAGMA {LEASE_SCHEMA}.synchronous"), 2, f"{lease_where} retained synchronous={{}}, expected FULL (2)"
         )
         self._in_txn(db, lambda: check_lease_file(exec_, self.lease_path, self._store_id))
+
+    def _check_pages(self, db: sqlite3.Connection, schema: str, path: Path, what: str) -> None:
+        """``PRAGMA <schema>.quick_check`` (``check="integrity"``: ``integrity_check``;
+        ``"none"``: nothing): SQLite reads every page of the file and checks its
+        structure (cell and free-space accounting, b-tree order, record formats, NOT
+        NULL and CHECK constraints; ``integrity_check`` also checks every index against
+        its table). It runs in a read transaction of its own, not in the opening
+        ``BEGIN IMMEDIATE``, so another process's writer is not held up by it in WAL
+        mode. Anything but ``ok`` refuses the file with
+        :class:`~harness.errors.StorageCorruptionError` (nothing was written yet).
+        Its cost is one read of the whole file (docs/decisions/0016)."""
+        if self.check == "none":
+            return
+        pragma = "quick_check" if self.check == "quick" else "integrity_check"
+        try:
+            rows = self._exec(db, f"PRAGMA {schema}.{pragma}({CHECK_LINES})").fetchall()
+        except UnicodeDecodeError as exc:  # a later row's text (as in ``_exec``)
+            raise sqlite3.DatabaseError(f"database disk image is malformed: {exc}") from exc
+        findings = tuple(str(r[0]) for r in rows)
+        if findings != ("ok",):
+            raise corruption_error(path, what, findings, f"PRAGMA {pragma}", at_open=True)
+
+    def db_error(self, exc: sqlite3.Error, what: str = "", session_id: str | None = None) -> StorageIOError:
+        """The typed error for a ``sqlite3`` error of a statement on this database:
+        :class:`~harness.errors.StorageCorruptionError` if SQLite reported damage
+        (:func:`is_corrupt`), else :class:`~harness.errors.StorageIOError`.
+        ``what`` prefixes SQLite's message (e.g. ``"commit failed: "``)."""
+        if is_corrupt(exc):
+            return corruption_error(
+                self.path, "session database", (str(exc),), "SQLite", at_open=False, session_id=session_id
+            )
+        return StorageIOError(f"session database {self.path}: {what}{exc}", session_id=session_id)
 
     def _select_journal_mode(self, db: sqlite3.Connection, schema: str, where: str, deadline: float) -> None:
         """``PRAGMA <schema>journal_mode=<mode>``, retried every 10 ms while SQLite
@@ -322,7 +386,7 @@ class SqliteConnection:
                 db = self._conn()
                 self._exec(db, "BEGIN IMMEDIATE" if immediate else "BEGIN")
             except sqlite3.Error as exc:
-                raise StorageIOError(f"session database {self.path}: {exc}") from exc
+                raise self.db_error(exc) from exc
             except SimulatedCrash:
                 self._die()
                 raise
@@ -335,7 +399,7 @@ class SqliteConnection:
                 raise
             except sqlite3.Error as exc:
                 self._rollback(db)
-                raise StorageIOError(f"session database {self.path}: {exc}") from exc
+                raise self.db_error(exc) from exc
             except BaseException:
                 self._rollback(db)
                 raise
@@ -346,7 +410,7 @@ class SqliteConnection:
                 raise
             except sqlite3.Error as exc:
                 self._rollback(db)
-                raise StorageIOError(f"session database {self.path}: commit failed: {exc}") from exc
+                raise self.db_error(exc, "commit failed: ") from exc
             finally:
                 pending = self._pending_tails
                 self._pending_tails = {}
@@ -393,6 +457,67 @@ class SqliteConnection:
 
 
 _O_NOFOLLOW: Final = getattr(os, "O_NOFOLLOW", 0)
+
+
+def is_corrupt(exc: BaseException) -> bool:
+    """SQLite reported damage: ``SQLITE_CORRUPT`` (any extended code of it), or its
+    wording for it where no code is attached (a text that is not UTF-8 in a damaged
+    page, translated by ``_exec``)."""
+    if not isinstance(exc, sqlite3.DatabaseError):
+        return False
+    code = getattr(exc, "sqlite_errorcode", None)
+    if code is not None:
+        return int(code) & 0xFF == sqlite3.SQLITE_CORRUPT
+    text = str(exc)
+    return "database disk image is malformed" in text or "malformed database schema" in text
+
+
+def corruption_error(
+    path: Path,
+    what: str,
+    findings: tuple[str, ...],
+    found_by: str,
+    *,
+    at_open: bool,
+    session_id: str | None = None,
+) -> StorageCorruptionError:
+    """The refusal of a damaged file: what the check (``found_by``: the pragma) or a
+    statement (``"SQLite"``) found, what became of the write (``at_open``: nothing was
+    written; later: the failed statement's transaction rolled back), how to recover."""
+    shown = "; ".join(" ".join(f.split()) for f in findings[:3]) + (" ..." if len(findings) > 3 else "")
+    if at_open:
+        outcome = "refused when opened, before anything was written to it"
+    else:
+        outcome = "the transaction was rolled back, nothing of it acknowledged"
+    if what == "lease file":
+        advice = (
+            "it holds only writer leases: with no writer running on the database, delete it "
+            "(and its -wal and -shm files) and it is created again"
+        )
+    else:
+        advice = (
+            "restore a backup, or salvage what is readable into a new file and open that "
+            f'(sqlite3 "{path}" .dump | sqlite3 NEW_FILE, then set its application_id and user_version: '
+            'docs/persistence.md, "A damaged database file")'
+        )
+    return StorageCorruptionError(
+        f'{what} "{path}" is damaged ({found_by} found: {shown}); {outcome}. To go on, {advice}',
+        path=path,
+        findings=findings,
+        session_id=session_id,
+    )
+
+
+@contextmanager
+def _corruption_of(path: Path, what: str) -> Iterator[None]:
+    """While opening ``path``: SQLite's report of damage from any statement (the page
+    check raises it itself for some damage) refuses that file, typed."""
+    try:
+        yield
+    except sqlite3.DatabaseError as exc:
+        if is_corrupt(exc):
+            raise corruption_error(path, what, (str(exc),), "SQLite", at_open=True) from exc
+        raise
 
 
 def _expect(cursor: sqlite3.Cursor, want: int, message: str) -> None:

@@ -16,7 +16,6 @@ from harness.errors import (
     RecordEncodingError,
     SessionCorruptionError,
     SessionLogExistsError,
-    StorageIOError,
 )
 from harness.persistence._backend import (
     GroupWrite,
@@ -270,7 +269,7 @@ class SqliteWrites(SqliteLeases):
             else:
                 self._pending_tails[w.session_id] = tail
             if isinstance(exc, sqlite3.Error):
-                return StorageIOError(f"session database {self.path}: {exc}", session_id=w.session_id)
+                return self.db_error(exc, session_id=w.session_id)
             return exc
         return None
 

@@ -181,7 +181,7 @@ def exit_code_for(exc: HarnessError) -> int:
     if isinstance(
         exc,
         e.SessionCorruptionError | e.SessionFormatUnsupportedError | e.StorageLayoutError | e.SessionError,
-    ) or exc.code == "SQLITE_SCHEMA_INCOMPATIBLE":
+    ) or exc.code in ("SQLITE_SCHEMA_INCOMPATIBLE", "STORAGE_CORRUPT"):
         return EXIT_CORRUPT
     return EXIT_STORAGE
 
