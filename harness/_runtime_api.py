@@ -266,7 +266,8 @@ def _backend(
 
 
 async def _close_backend(backend: Backend) -> None:
-    """Close a backend built here (a PostgreSQL pool and its threads) on a worker thread.
+    """Close a backend built here (a SQLite connection, a PostgreSQL pool and its
+    threads) on a worker thread.
     Cancellation: shielded, so a cancelled block still closes its connections."""
     close = getattr(backend, "close", None)
     if close is not None:
@@ -375,7 +376,11 @@ async def open_runtime(
         store = await stack.enter_async_context(open_store(validator_factory=validator))
         persistence: Persistence | None = None
         if chosen is not None:
-            if is_postgres_url(root):  # built here from a URL: owned, closed after persistence
+            if chosen is not backend:
+                # Built here (from a path or a URL): owned, closed after persistence, so
+                # a SQLite connection is closed (its WAL checkpointed) when the block
+                # ends, not whenever the collector gets to it. A backend passed in
+                # stays the caller's to close.
                 stack.push_async_callback(_close_backend, chosen)
             persistence = await stack.enter_async_context(
                 open_persistence(

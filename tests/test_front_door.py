@@ -228,3 +228,33 @@ def test_the_embedding_doc_snippet_runs_as_written(capsys: pytest.CaptureFixture
     assert len([line for line in snippet.splitlines() if line.strip()]) <= 26
     exec(compile(snippet, "docs/embedding.md", "exec"), {"__name__": "__main__"})
     assert capsys.readouterr().out.splitlines() == ["turn 1: completed", "turn 2: completed"]
+
+
+async def test_a_sqlite_backend_built_by_open_runtime_is_closed_with_it(tmp_path: Path) -> None:
+    """Found by the SQLite fuzz work (decision 0016): ``open_runtime`` closed only a
+    PostgreSQL backend it built, so a SQLite connection it opened from a path lived until
+    the collector found it (its WAL not checkpointed, the file's pages not all in it).
+    Now a backend built here is closed when the block ends; one passed in is the
+    caller's and stays open."""
+    import gc
+
+    db = tmp_path / "db.sqlite"
+    wal = tmp_path / "db.sqlite-wal"
+    gc.disable()  # the collector must not be what closes it
+    try:
+        async with harness.open_runtime(db, backend="sqlite", provider=ScriptedProvider([[Say("hi")]])) as rt:
+            agent = await rt.create("s", cwd="/work")
+            assert (await agent.run_turn("hello")).kind == "completed"
+            assert wal.exists()  # the connection is open, in WAL mode
+        # SQLite checkpoints and removes the WAL when its last connection closes.
+        assert not wal.exists()
+        mine = SqliteBackend(db)
+        try:
+            async with harness.open_runtime(backend=mine, provider=ScriptedProvider([[Say("again")]])) as rt:
+                agent = await rt.resume("s")
+                assert (await agent.run_turn("more")).kind == "completed"
+            assert [h["id"] for h in mine.list_headers()] == ["s"]  # still open, still usable
+        finally:
+            mine.close()
+    finally:
+        gc.enable()

@@ -78,9 +78,9 @@ def checkpointed_sqlite(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def _checkpoint(path: Path) -> None:
     """Every committed page into the database file itself, its WAL emptied: the byte
     damage then lands on the pages SQLite reads (not on stale ones a WAL frame
-    supersedes), whenever the collector happens to close the runtime's connection
-    (``open_runtime`` leaves the SQLite backend it builds to the collector, so the
-    ``base_roots`` file may or may not hold the last pages: it depends on when)."""
+    supersedes). ``open_runtime`` now closes the SQLite backend it builds, which
+    checkpoints the WAL, so ``base_roots`` holds its pages too; this makes sure of it
+    for the pinned cases whatever a later change does to that."""
     gc.collect()
     db = sqlite3.connect(path)
     try:
