@@ -62,7 +62,9 @@ _SCOPE: Final[dict[str, dict[str, frozenset[str]]]] = {
         "lifecycle": frozenset({"io", "crash"}),
         "group-write": frozenset({"io", "crash"}),
         "group-commit": frozenset({"io", "crash"}),
-        "group-chain": frozenset({"io", "crash"}),
+        # The chain is the same on every backend (jsonl and sqlite explore its steps):
+        # on the server, a crash at every statement of its rounds (~10 s of the campaign).
+        "group-chain": frozenset({"crash"}),
     },
 }
 
