@@ -18,7 +18,7 @@ batch, which is either still pending (taken back), taken by a round not yet at i
 * each session's stored log is its seed and exactly its acknowledged batches, in order
   (a batch that failed under an injected fault may or may not have landed, and ends
   that session); a withdrawn batch is never written;
-* once the last waiter returned the chain ends: nothing pending, nothing unpublished,
+* once the last waiter returned the chain ends: nothing pending, every round completed,
   no carrier left;
 * at rest (also after a crash mid-round): every acknowledged batch is there
   (:func:`~harness.faults.check_at_rest`, run by the I/O and crash explorers).
@@ -173,14 +173,16 @@ async def _chain_ends(probe: Probe, committer: GroupCommitter) -> None:
     with trio.CancelScope(shield=True):
         for _ in range(_END_POLLS):
             with committer._mutex:
-                if not committer._busy:
+                # Ended, and its last completion ran (one still queued after the chain
+                # ended, when every waiter had gone, runs at the next batch).
+                if not committer._busy and not committer._done:
                     break
             await trio.lowlevel.checkpoint()
     with committer._mutex:
         probe.check(
             not committer._busy and not committer._pending and not committer._done,
             f"the chain did not end after every waiter returned: busy={committer._busy}, "
-            f"{len(committer._pending)} batch(es) pending, {len(committer._done)} round(s) unpublished",
+            f"{len(committer._pending)} batch(es) pending, {len(committer._done)} round(s) not completed",
         )
 
 
