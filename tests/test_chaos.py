@@ -68,7 +68,7 @@ def test_chaos_table_list_replay_and_usage_errors(capsys: pytest.CaptureFixture[
     assert lines[-1].endswith("s") and " 0 violation(s) in 0 group(s)" in lines[-1]
 
     code, out, _ = chaos(capsys, "--list")
-    assert code == 0 and len([ln for ln in out.splitlines() if not ln.startswith(" ")]) == len(builtin_scenarios()) == 32
+    assert code == 0 and len([ln for ln in out.splitlines() if not ln.startswith(" ")]) == len(builtin_scenarios()) == 35
     assert "agent-turn/sqlite" in out and "agent-cancel" in out
     assert "resume/jsonl-zstd" in out and "fork/jsonl-zstd" not in out  # the zstd kind's subset
     assert "write-behind/postgres" in out and "resume/postgres" not in out  # the postgres kind's
@@ -306,13 +306,20 @@ def test_checkpoint_mode_finds_the_old_owner(monkeypatch: pytest.MonkeyPatch) ->
 
 def test_the_postgres_kind_runs_its_subset() -> None:
     scenarios = select_scenarios(
-        ["write-behind/postgres", "lifecycle/postgres", "group-commit/postgres", "group-write/postgres"]
+        [
+            "write-behind/postgres",
+            "lifecycle/postgres",
+            "group-commit/postgres",
+            "group-write/postgres",
+            "group-chain/postgres",
+        ]
     )
     assert [(s.name, s.modes) for s in scenarios] == [
         ("write-behind/postgres", ("checkpoints", "io", "crash")),
         ("lifecycle/postgres", ("io", "crash")),
         ("group-commit/postgres", ("io", "crash")),
         ("group-write/postgres", ("io", "crash")),
+        ("group-chain/postgres", ("crash",)),
     ]
     assert not [s for s in builtin_scenarios() if s.backend == "postgres" and s.name not in {x.name for x in scenarios}]
     items = plan_campaign(scenarios, modes=MODES, seeds=1, budget=BUDGETS["ci"])
@@ -326,6 +333,7 @@ def test_the_postgres_kind_runs_its_subset() -> None:
         ("lifecycle/postgres", "crash"),
         ("group-commit/postgres", "crash"),
         ("group-write/postgres", "crash"),
+        ("group-chain/postgres", "crash"),
         ("sigkill/postgres", "kill"),
     ]
 

@@ -49,8 +49,14 @@ class Budget:
 #: 8 SIGKILL rounds per backend. ``full`` explores every step of every mode, with 50
 #: rounds per backend; give a stride per (scenario, mode) to bound a budget further.
 BUDGETS: Final = {
-    # group-commit's checkpoints: every 6th (write-behind explores a writer's own steps).
-    "ci": Budget("ci", {("group-commit", "checkpoints"): 6}, kills=8, mode_stride={"checkpoints": 3, "io": 3}),
+    # group-commit's checkpoints: every 6th (write-behind explores a writer's own steps);
+    # group-chain's: every one (24 steps; each attempt meets another chain interleaving).
+    "ci": Budget(
+        "ci",
+        {("group-commit", "checkpoints"): 6, ("group-chain", "checkpoints"): 1},
+        kills=8,
+        mode_stride={"checkpoints": 3, "io": 3},
+    ),
     "full": Budget("full", {}, kills=50),
 }
 

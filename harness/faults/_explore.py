@@ -50,6 +50,7 @@ from harness.faults._report import (
     Violation,
     group_violations,
 )
+from harness.persistence import _committer
 
 ScenarioFn: TypeAlias = Callable[["Probe"], Awaitable[None]]
 
@@ -323,6 +324,71 @@ class _StepCounter(trio.abc.Instrument):
         self.gate.wait_idle()
 
 
+class _ChainSteps:
+    """One chain of group-commit rounds under the gate (the production
+    ``GroupCommitter._chain``, decision 0015): it waits in :meth:`step` until the gate
+    grants the step it names; the gate grants steps only between two batches of Trio's
+    scheduler and waits for each to end (the chain parked at its next step, or ended),
+    so the chain's steps interleave with the Trio side deterministically."""
+
+    __slots__ = ("ended_", "gate", "granted", "name", "point", "steps")
+
+    def __init__(self, gate: _ThreadGate, name: str) -> None:
+        self.gate = gate
+        self.name = name
+        self.point: str | None = None  # where it waits (None: running, or not started)
+        self.granted = False
+        self.ended_ = False
+        self.steps = 0  # steps granted
+
+    def step(self, point: str) -> None:
+        """Writer thread: wait for the gate's permission to take step ``point``."""
+        cond = self.gate._cond
+        with cond:
+            self.point = point
+            cond.notify_all()
+            while not self.granted and not self.gate.chains_free:
+                cond.wait()
+            self.granted = False
+            self.point = None
+
+    def ended(self) -> None:
+        """Writer thread: the chain gave up the carrier role and returns."""
+        with self.gate._cond:
+            self.ended_ = True
+            self.point = None
+            self.gate._cond.notify_all()
+
+    def settled(self) -> bool:
+        return self.ended_ or (self.point is not None and not self.granted)
+
+
+class _ChainPolicy:
+    """How many steps a parked chain is granted between two scheduler batches, a
+    function of the attempt (its replay key, so a replay repeats it): ``None`` (the
+    dry run of seed 0) one step per batch, the chain keeping pace with the Trio side;
+    any other attempt a mix drawn from its key of holds (0 steps: the Trio side runs
+    ahead, its submits, withdrawals and cancellations land while the chain waits at
+    that step) and bursts (up to 8 steps: several rounds written before the Trio
+    thread completes the first, their completions coalesced). Drawn per attempt, not
+    per seed: the campaign explores seed 0 only (``--seeds 1``), and each step ``k``
+    then meets another interleaving of the chain."""
+
+    def __init__(self, key: str | None) -> None:
+        self._rng = random.Random(f"chain:{key}")
+        self._eager = key is None
+        self._hold = self._rng.choice((0.0, 0.25, 0.5, 0.75))
+        self._burst = self._rng.choice((0.0, 0.15, 0.3, 0.5))
+
+    def grant(self) -> int:
+        if self._eager:
+            return 1
+        rng = self._rng
+        if rng.random() < self._hold:
+            return 0
+        return rng.randint(2, 8) if rng.random() < self._burst else 1
+
+
 class _ThreadGate:
     """Makes worker-thread completion deterministic at batch granularity.
 
@@ -334,9 +400,17 @@ class _ThreadGate:
     than ``max_wait`` seconds is no longer waited for (``timeouts`` counts those; the
     schedule then depends on timing). The gate also prevents spurious autojumps of a
     mock clock while a thread works.
+
+    Chains of group-commit rounds (``GroupCommitter._chain`` on the committer's own
+    thread, not a ``to_thread`` hand-off) are gated step by step instead
+    (:class:`_ChainSteps`): after the worker threads, before every io wait, each chain
+    is granted the steps :class:`_ChainPolicy` draws, one at a time, each waited for;
+    and while the Trio side has nothing to run and nothing queued for it, a chain is
+    granted steps until it hands something back or ends (a mock clock must not jump
+    ahead, firing deadlines, while a round is still to be written).
     """
 
-    def __init__(self, max_wait: float) -> None:
+    def __init__(self, max_wait: float, chain_key: str | None = None) -> None:
         self.max_wait = max_wait
         self.timeouts = 0
         self.finished = False  # set once the run is over: a delivery after it is late
@@ -345,6 +419,11 @@ class _ThreadGate:
         self._inflight: set[int] = set()
         self._running: dict[int, str] = {}
         self._next = 0
+        self.chains: list[_ChainSteps] = []  # live chains, in the order they started
+        self.chains_started = 0
+        self.chain_steps = 0  # steps granted, all chains
+        self.chains_free = False  # the run is over: chains run on ungated
+        self._policy = _ChainPolicy(chain_key)
 
     def started(self, name: str) -> int:
         with self._cond:
@@ -371,13 +450,69 @@ class _ThreadGate:
             self._cond.wait_for(lambda: not self._running, timeout=timeout)
             return sorted(self._running.values())
 
+    def new_chain(self) -> _ChainSteps:
+        """Trio thread (``GroupCommitter._dispatch``): a chain starts."""
+        with self._cond:
+            self.chains_started += 1
+            chain = _ChainSteps(self, f"group-commit chain {self.chains_started}")
+            self.chains.append(chain)
+            return chain
+
+    def free_chains(self, timeout: float) -> list[str]:
+        """After the run: let every chain run on ungated (a chain the run left behind
+        writes its round, finds the run over and drops what is pending, as in
+        production) and wait up to ``timeout`` for them to end; the names of those
+        still running."""
+        with self._cond:
+            self.chains_free = True
+            self._cond.notify_all()
+            self._cond.wait_for(lambda: all(c.ended_ for c in self.chains), timeout=timeout)
+            return [c.name for c in self.chains if not c.ended_]
+
     def wait_idle(self) -> None:
         with self._cond:
-            if not self._inflight:
-                return
-            if not self._cond.wait_for(lambda: not self._inflight, timeout=self.max_wait):
+            if self._inflight and not self._cond.wait_for(lambda: not self._inflight, timeout=self.max_wait):
                 self.timeouts += len(self._inflight)
                 self._inflight.clear()  # stop waiting for these; later ones are gated again
+            if self.chains:
+                self._step_chains()
+
+    def _step_chains(self) -> None:
+        """Under ``_cond``, on the Trio thread between two batches: grant the chains
+        their steps (see the class docstring)."""
+        runner = _trio_run.GLOBAL_RUN_CONTEXT.runner
+        for chain in list(self.chains):
+            if not self._settle(chain):
+                continue
+            n = self._policy.grant()
+            while not chain.ended_:
+                if n <= 0:
+                    entry = runner.entry_queue
+                    if runner.runq or entry.queue or entry.idempotent_queue:
+                        break
+                n -= 1
+                chain.granted = True
+                chain.steps += 1
+                self.chain_steps += 1
+                self._cond.notify_all()
+                if not self._settle(chain):
+                    break
+        self.chains = [c for c in self.chains if not c.ended_]
+
+    def _settle(self, chain: _ChainSteps) -> bool:
+        """Wait until ``chain`` waits at a step or ended (False: it did not within
+        ``max_wait``; counted in ``timeouts``, the schedule then depends on timing)."""
+        if self._cond.wait_for(chain.settled, timeout=self.max_wait):
+            return True
+        self.timeouts += 1
+        return False
+
+
+def _chain_of_this_run() -> _ChainSteps | None:
+    """``GroupCommitter``'s :data:`~harness.persistence._committer.chain_gate` while the
+    gate is installed: the attempt's gate on its Trio thread, else ungated."""
+    gate: _ThreadGate | None = getattr(_thread_local, "gate", None)
+    return None if gate is None else gate.new_chain()
 
 
 _original_start_thread_soon: Any = None
@@ -422,6 +557,7 @@ def _thread_gate_installed() -> Iterator[None]:
     if _gate_users == 0:
         _original_start_thread_soon = getattr(threads_module, _START)
         setattr(threads_module, _START, _gated_start_thread_soon)
+        _committer.chain_gate = _chain_of_this_run
     _gate_users += 1
     try:
         yield
@@ -430,6 +566,7 @@ def _thread_gate_installed() -> Iterator[None]:
         if _gate_users == 0:
             setattr(threads_module, _START, _original_start_thread_soon)
             _original_start_thread_soon = None
+            _committer.chain_gate = None
 
 
 #: Priority change points per PCT schedule (seeds >= 1), and the largest gap in batches
@@ -567,7 +704,7 @@ def run_attempt(
             return Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="harness-chaos-", ignore_cleanup_errors=True)))
 
         probe = Probe(scenario=name, seed=seed, k=k, canceller_name=canceller, tmp_path=make_tmp, faults=faults)
-        gate = _ThreadGate(settings.thread_wait)
+        gate = _ThreadGate(settings.thread_wait, None if seed == 0 and k == 0 else f"{name}:{seed}:{k}:{label}")
         counter = _StepCounter(probe, gate)
         box: dict[str, Any] = {}
         hard_hang = threading.Event()
@@ -608,6 +745,11 @@ def run_attempt(
         abandoned = thread.is_alive()
         # runner findings: (message, traceback, kind, detected at)
         extra: list[tuple[str, str | None, str, TaskSite | None]] = []
+        # Chains of rounds the run left behind run on ungated (and end) before any
+        # post-run check reads what they wrote.
+        with _collecting(collector):
+            for chain_name in gate.free_chains(settings.thread_wait):
+                extra.append((f"{chain_name} still running {settings.thread_wait}s after the run", None, "thread", None))
         if not abandoned:
             # Every worker thread of a finished run has handed its result back before
             # the task waiting for it resumed; one that has not was abandoned by the run
@@ -703,6 +845,8 @@ def run_attempt(
         injection=injection,
         cancelled=cancelled,
         perturbations=scheduler.perturbations,
+        chain_steps=gate.chain_steps,
+        chains=gate.chains_started,
     )
 
 

@@ -109,6 +109,8 @@ class Violation:
     detected: TaskSite | None = None
     blocked: tuple[TaskSite, ...] = ()
     perturbations: int = 0
+    chain_steps: int = 0
+    chains: int = 0
 
     @property
     def key(self) -> ReplayKey:
@@ -263,6 +265,8 @@ class Attempt:
     (see :class:`Violation`); ``perturbations``: the schedule's priority changes.
     ``gate_timeouts`` counts worker threads the run stopped waiting for (each one makes
     the schedule depend on thread timing: see the determinism notes in docs/faults.md).
+    ``chain_steps``: steps of group-commit chains the gate granted (decision 0015),
+    ``chains``: the chains the run started.
     """
 
     scenario: str
@@ -282,6 +286,8 @@ class Attempt:
     injection: TaskSite | None = None
     cancelled: tuple[TaskSite, ...] = ()
     perturbations: int = 0
+    chain_steps: int = 0
+    chains: int = 0
 
     @property
     def key(self) -> ReplayKey:

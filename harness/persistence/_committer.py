@@ -15,23 +15,23 @@ back to the Trio thread through ``run_sync_soon`` -- one per round, or one for s
 rounds written before the Trio thread got to the first -- which reschedules every
 waiter: no per-batch wake-ups, and no round waits for the Trio thread to dispatch it.
 
-Under ``harness.faults.explore`` (whose thread gate wraps ``trio._threads.start_thread_soon``
-to make thread completions deterministic) rounds are instead composed on the Trio side,
-as before chaining: each round runs on a gated worker thread through that very function,
-and its completion dispatches the next, so a replay composes the same rounds; see
-:meth:`GroupCommitter._dispatch`.
+Under ``harness.faults.explore`` the chain is the same code, with its hand-offs made
+deterministic: each step of it (take the pending batches, write the round, publish it,
+wake the Trio thread) first waits for the explorer's permission (:data:`chain_gate`),
+given between two batches of Trio's scheduler, so a replay composes the same rounds and
+interleaves them with the Trio side's submits, withdrawals and cancellations the same way
+(decision 0015, amended).
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import logging
 import math
 import queue
 import threading
 from collections.abc import Callable, Sequence
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 import outcome
 import trio
@@ -49,6 +49,24 @@ THREAD_IDLE_LINGER: Final = 10.0
 #: name ``trio._threads.start_thread_soon`` means a harness gates worker threads.
 _TRIO_START: Final = trio.lowlevel.start_thread_soon
 
+
+class ChainSteps(Protocol):
+    """What a fault explorer gives one chain (see :data:`chain_gate`): ``step(point)``
+    (writer thread) returns when the chain may take its next step, ``point`` naming it
+    (``take``, ``write``, ``publish``, ``wake``); ``ended()`` (writer thread) is called
+    once the chain gave up the carrier role and returns."""
+
+    def step(self, point: str) -> None: ...
+
+    def ended(self) -> None: ...
+
+
+#: Set by a fault explorer while its thread gate is installed (``harness.faults.explore``),
+#: else ``None``: called on the Trio thread as a chain starts, it returns the steps gate
+#: of that chain (``None``: the chain runs free, as in production). A chain costs one
+#: ``is None`` test per step for it.
+chain_gate: Callable[[], ChainSteps | None] | None = None
+
 try:
     # Private, read only to find ``start_thread_soon`` where ``to_thread`` finds it
     # (the thread gate of ``harness.faults.explore`` replaces it there); a Trio that
@@ -62,7 +80,7 @@ def thread_starter() -> Callable[..., None]:
     """``start_thread_soon`` as ``trio.to_thread`` finds it now, looked up at each call:
     a harness that wraps it for ``to_thread`` (the thread gate of
     ``harness.faults.explore``, which makes thread completions deterministic) sees the
-    committer's rounds and the writer's hops too."""
+    writer's hops too (the committer's rounds are gated by :data:`chain_gate`)."""
     return getattr(_trio_threads, "start_thread_soon", _TRIO_START)
 
 
@@ -280,7 +298,7 @@ class GroupCommitter:
 
     Shared with the writer thread, under ``_mutex``: ``_pending`` (submitted, not yet
     taken by a round), ``_busy`` (a carrier owns the rounds: a chain on the writer
-    thread, or one gated round; at most one at a time, so rounds never overlap),
+    thread; at most one at a time, so rounds never overlap),
     ``_done`` (rounds written whose completion the Trio thread has not run yet) and
     the counters."""
 
@@ -312,7 +330,7 @@ class GroupCommitter:
         with self._mutex:
             self._pending.append(job)
             if self._busy:
-                return  # the running chain (or the gated round's completion) takes it
+                return  # the running chain takes it
             self._busy = True
         self._dispatch()
 
@@ -417,55 +435,39 @@ class GroupCommitter:
             self._watch_idle_until = -math.inf
 
     def _dispatch(self) -> None:
-        """Trio thread, owning the carrier role (``_busy`` set by the caller): start
-        the rounds of what is pending.
+        """Trio thread, owning the carrier role (``_busy`` set by the caller): start a
+        *chain* on the committer's writer thread (:meth:`_chain`): it takes every
+        pending batch as a round starts and, once the round is written, starts the
+        next one itself with whatever was submitted meanwhile; the Trio thread only
+        submits and completes. Under a fault explorer (:data:`chain_gate`) the same
+        chain waits for the explorer's permission before each of its steps."""
+        lookup = chain_gate
+        steps = lookup() if lookup is not None else None
+        self._thread.start_soon(
+            functools.partial(self._chain, trio.lowlevel.current_trio_token(), steps), _chain_ended
+        )
 
-        Normally a *chain* on the committer's writer thread (:meth:`_chain`): it takes
-        every pending batch as a round starts and, once the round is written, starts
-        the next one itself with whatever was submitted meanwhile; the Trio thread
-        only submits and completes.
-
-        Under a thread gate (``start_thread_soon`` as ``trio.to_thread`` finds it is
-        not Trio's own: ``harness.faults.explore``, which makes thread completions
-        deterministic) each round is instead one gated hand-off whose batches are
-        taken here, on the Trio side, and the next round is dispatched by this
-        round's completion (:meth:`_complete_gated`): a writer thread that moved on by
-        itself would compose rounds by timing, and a replay would not repeat them."""
-        start = thread_starter()
-        if start is _TRIO_START:
-            self._thread.start_soon(
-                functools.partial(self._chain, trio.lowlevel.current_trio_token()), _chain_ended
-            )
-            return
-        with self._mutex:
-            jobs, self._pending = self._pending, []
-            self.rounds += 1
-            self.batches += len(jobs)
-        token = trio.lowlevel.current_trio_token()
-        backend = self.backend
-        cache = self._group_cache
-
-        def deliver(
-            result: outcome.Outcome[list[BaseException | None]],
-        ) -> None:  # the gated thread
-            with contextlib.suppress(trio.RunFinishedError):
-                token.run_sync_soon(self._complete_gated, jobs, result)
-
-        start(lambda: run_round(backend, jobs, cache), deliver, "harness group commit round")
-
-    def _chain(self, token: trio.lowlevel.TrioToken) -> None:
+    def _chain(self, token: trio.lowlevel.TrioToken, steps: ChainSteps | None = None) -> None:
         """Blocking (the writer thread): write rounds back to back while batches are
         pending; then give up the carrier role (under ``_mutex``, with nothing pending:
         a later :meth:`submit` starts a new chain). Each written round is handed to
         the Trio thread in ``_done``, with one ``run_sync_soon`` for as many rounds as
         it has not completed yet (:meth:`_complete_rounds`). If the run ended, nobody
         waits: what is pending is dropped unwritten (never started, as a withdrawn
-        job) and the chain ends."""
+        job) and the chain ends.
+
+        ``steps`` (a fault explorer's, see :data:`chain_gate`; ``None`` in production):
+        each step waits for its permission first, so the explorer decides where the
+        Trio side's submits, withdrawals and cancellations fall between them; the
+        steps themselves are the production ones (the points are between the
+        ``_mutex`` sections and the round: where another thread could interleave)."""
         mutex = self._mutex
         backend = self.backend
         cache = self._group_cache
         try:
             while True:
+                if steps is not None:
+                    steps.step("take")
                 with mutex:
                     jobs, self._pending = self._pending, []
                     if not jobs:
@@ -473,14 +475,20 @@ class GroupCommitter:
                         return
                     self.rounds += 1
                     self.batches += len(jobs)
+                if steps is not None:
+                    steps.step("write")
                 # ``run_round`` looked up at each round (a profiler may wrap it).
                 result = outcome.capture(run_round, backend, jobs, cache)
+                if steps is not None:
+                    steps.step("publish")
                 with mutex:
                     done = self._done
                     done.append((jobs, result))
                     wake = len(done) == 1  # else a completion is already on its way
                 del jobs, result  # not kept while the next round runs
                 if wake:
+                    if steps is not None:
+                        steps.step("wake")
                     try:
                         token.run_sync_soon(self._complete_rounds)
                     except trio.RunFinishedError:
@@ -493,6 +501,9 @@ class GroupCommitter:
             with mutex:
                 self._busy = False  # the next submit starts a new chain for what is pending
             raise
+        finally:
+            if steps is not None:
+                steps.ended()
 
     def _complete_rounds(self) -> None:
         """Trio thread (one ``run_sync_soon`` per batch of rounds written since the
@@ -501,18 +512,6 @@ class GroupCommitter:
             done, self._done = self._done, []
         for jobs, result in done:
             self._complete(jobs, result)
-
-    def _complete_gated(
-        self, jobs: list[CommitJob], result: outcome.Outcome[list[BaseException | None]]
-    ) -> None:
-        """Trio thread: a gated round's completion; dispatches the next round if
-        batches were submitted meanwhile, else gives up the carrier role."""
-        self._complete(jobs, result)
-        with self._mutex:
-            if not self._pending:
-                self._busy = False
-                return
-        self._dispatch()
 
     def _complete(
         self, jobs: list[CommitJob], result: outcome.Outcome[list[BaseException | None]]

@@ -22,6 +22,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Final
 
 from harness.faults._backends import BACKENDS, scenario_modes
+from harness.faults._chain_scenario import group_chain
 from harness.faults._explore import Probe, Scenario
 from harness.faults._group_scenario import group_write
 from harness.faults._scenarios._agent import agent_turn, resume
@@ -146,6 +147,13 @@ _DEFS: Final[list[tuple[str, Callable[[Probe, str], Awaitable[None]], str, tuple
         # No checkpoints mode: one blocking call in a worker thread has no scheduler
         # steps of its own to cancel at (the runtime's write paths explore those).
         ("io", "crash"),
+    ),
+    (
+        "group-chain",
+        group_chain,
+        "three sessions' staggered batches through the committer's chained rounds, waiters cancelled and withdrawn",
+        ("caller", "waiter", "close"),
+        ("checkpoints", "io", "crash"),
     ),
 ]
 
