@@ -89,21 +89,26 @@ async def test_the_next_round_starts_without_the_trio_thread(tmp_path: Path) -> 
         assert on_disk(tmp_path, sid) == [0, 1]
 
 
-async def test_rounds_written_before_the_trio_thread_ran_a_completion_share_one(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    backend = SteppedJsonl(tmp_path)
+def _chain_ended_after(monkeypatch: pytest.MonkeyPatch, backend: SteppedJsonl, *, rounds: int) -> threading.Event:
+    """Set once the chain that wrote the ``rounds``-th round ended (any earlier chain is
+    not it): the rounds are written and handed to the Trio thread."""
     chains_ended = threading.Event()
     ended = committer_module._chain_ended
 
     def chain_ended(result: outcome.Outcome[None]) -> None:
         ended(result)
-        if (
-            len(backend.groups) == 2
-        ):  # the chain that wrote both held rounds (any earlier one is not it)
+        if len(backend.groups) == rounds:
             chains_ended.set()
 
     monkeypatch.setattr(committer_module, "_chain_ended", chain_ended)
+    return chains_ended
+
+
+async def test_rounds_written_before_the_trio_thread_ran_a_completion_share_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    backend = SteppedJsonl(tmp_path)
+    chains_ended = _chain_ended_after(monkeypatch, backend, rounds=2)
     async with open_store() as store, open_persistence(store, backend, write_delay=60) as p:
         a, b, c = await sessions(store, "a", "b", "c")
         committer = p.committer
@@ -337,15 +342,7 @@ async def test_a_completion_wakes_the_waiters_of_its_rounds_and_no_other_task(
     # them (the entry queue running the ``run_sync_soon`` callback, which reschedules
     # every waiter itself), then one step per waiter: no task per round or per batch.
     backend = SteppedJsonl(tmp_path)
-    chains_ended = threading.Event()
-    ended = committer_module._chain_ended
-
-    def chain_ended(result: outcome.Outcome[None]) -> None:
-        ended(result)
-        if len(backend.groups) == 2:
-            chains_ended.set()
-
-    monkeypatch.setattr(committer_module, "_chain_ended", chain_ended)
+    chains_ended = _chain_ended_after(monkeypatch, backend, rounds=2)
     async with open_store() as store, open_persistence(store, backend, write_delay=60) as p:
         a, b, c = await sessions(store, "a", "b", "c")
         steps = _TaskSteps()

@@ -70,6 +70,16 @@ def leased(tmp_path: Path, sid: str = "s", files: FaultyFiles | None = None) -> 
     return backend, lease
 
 
+def kept(tmp_path: Path, files: FaultyFiles | None = None) -> tuple[JsonlBackend, WriterLease, Path]:
+    """A leased writer after one append through its lease (its descriptor is kept now),
+    and the path of its log."""
+    backend, lease = leased(tmp_path, files=files)
+    backend.append("s", events(1, 1), lease=lease)
+    log = backend.locate("s")
+    assert log is not None
+    return backend, lease, log
+
+
 @pytest.mark.parametrize("through", ["append", "write_group"])
 def test_a_leased_writer_opens_its_log_once(tmp_path: Path, through: str) -> None:
     files = FaultyFiles(kinds={"open", "write", "fsync", "syncfs", "close"})
@@ -119,10 +129,7 @@ def test_a_log_deleted_and_re_created_is_appended_to_by_name_not_by_the_old_desc
 
 
 def test_a_log_deleted_behind_a_kept_descriptor_is_not_found(tmp_path: Path) -> None:
-    backend, lease = leased(tmp_path)
-    backend.append("s", events(1, 1), lease=lease)
-    log = backend.locate("s")
-    assert log is not None
+    backend, lease, log = kept(tmp_path)
     JsonlBackend(tmp_path).delete("s")
     with pytest.raises(PersistedSessionNotFoundError, match='session "s" not found'):
         backend.append("s", events(2, 1), lease=lease)
@@ -131,10 +138,7 @@ def test_a_log_deleted_behind_a_kept_descriptor_is_not_found(tmp_path: Path) -> 
 
 
 def test_a_log_replaced_by_rename_is_appended_to_as_renamed(tmp_path: Path) -> None:
-    backend, lease = leased(tmp_path)
-    backend.append("s", events(1, 1), lease=lease)
-    log = backend.locate("s")
-    assert log is not None
+    backend, lease, log = kept(tmp_path)
     copy = log.with_name("copy.tmp")
     shutil.copyfile(log, copy)
     os.rename(copy, log)  # same name and content, another inode
@@ -144,10 +148,7 @@ def test_a_log_replaced_by_rename_is_appended_to_as_renamed(tmp_path: Path) -> N
 
 
 def test_a_log_moved_away_is_not_written_behind(tmp_path: Path) -> None:
-    backend, lease = leased(tmp_path)
-    backend.append("s", events(1, 1), lease=lease)
-    log = backend.locate("s")
-    assert log is not None
+    backend, lease, log = kept(tmp_path)
     moved = log.with_name("moved.jsonl")
     os.rename(log, moved)  # the inode lives on under another name: the descriptor still works
     size = moved.stat().st_size
@@ -178,10 +179,7 @@ def test_the_kept_descriptors_are_bounded_per_process(tmp_path: Path) -> None:
 
 def test_a_failed_write_on_a_kept_descriptor_is_rolled_back_and_the_next_append_lands(tmp_path: Path) -> None:
     files = FaultyFiles(kinds={"write"})
-    backend, lease = leased(tmp_path, files=files)
-    backend.append("s", events(1, 1), lease=lease)
-    log = backend.locate("s")
-    assert log is not None
+    backend, lease, log = kept(tmp_path, files=files)
     size = log.stat().st_size
     files.fail_at = files.count + 1  # the next write: on the kept descriptor (half of it lands)
     with pytest.raises(StorageIOError, match="rolled back"):
