@@ -8,7 +8,7 @@ import os
 import secrets
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 import orjson
 
@@ -219,12 +219,17 @@ class _JsonlWriting(_JsonlReading, _JsonlLocking):
         finally:
             self._done_with(fd, kept, lease)
 
+    def _keeps_logs(self, lease: WriterLease | None) -> TypeGuard[_FlockLease]:
+        """Whether ``lease`` may keep this backend's log descriptors: a ``flock`` lease
+        taken through the same files layer (one of another layer keeps nothing)."""
+        return type(lease) is _FlockLease and lease.files is self.files
+
     def _kept_log(self, lease: WriterLease | None, path: Path) -> tuple[OpenLog, os.stat_result] | None:
         """The descriptor ``lease`` kept for ``path``, if a ``stat`` of ``path`` still
         names the inode it opened (what opening ``path`` would give: a log deleted,
         replaced or moved away since is not written behind), with that ``stat``; else
         ``None``, any kept descriptor closed (decision 0019)."""
-        if type(lease) is not _FlockLease or lease.files is not self.files:
+        if not self._keeps_logs(lease):
             return None
         log = lease.take_log()
         if log is None:
@@ -272,7 +277,7 @@ class _JsonlWriting(_JsonlReading, _JsonlLocking):
         try:
             if found is None:
                 st = os.fstat(fd)
-                if type(lease) is _FlockLease and lease.files is self.files and BUDGET.take():
+                if self._keeps_logs(lease) and BUDGET.take():
                     kept = OpenLog(str(path), fd, st.st_dev, st.st_ino)
             size = self._settle_torn_tail(session_id, path, fd, st.st_size)
             try:
