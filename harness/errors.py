@@ -334,8 +334,10 @@ class StorageCorruptionError(StorageIOError):
     ``check``) found problems when the backend opened it, and the file was refused
     before anything was written to it; or a statement reported corruption
     (``SQLITE_CORRUPT``, "database disk image is malformed") later, and its transaction
-    was rolled back (nothing of it acknowledged). A damaged file is never written: recover
-    what is readable (``sqlite3 FILE .recover``) into a new file, or restore a backup.
+    was rolled back (nothing of it acknowledged). A damaged file is never written: restore
+    a backup, or salvage what is readable into a new file with the sqlite3 shell's
+    ``.dump`` (docs/persistence.md, "A damaged database file": the shell's ``.recover``
+    fails on the schema's STRICT tables in sqlite3 3.40.1).
 
     ``path``: the damaged file; ``findings``: the check's first lines (or SQLite's
     error message for a corruption found by a statement)."""
