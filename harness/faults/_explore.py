@@ -331,7 +331,7 @@ class _ChainSteps:
     scheduler and waits for each to end (the chain parked at its next step, or ended),
     so the chain's steps interleave with the Trio side deterministically."""
 
-    __slots__ = ("ended_", "gate", "granted", "name", "point", "steps")
+    __slots__ = ("ended_", "gate", "granted", "name", "point")
 
     def __init__(self, gate: _ThreadGate, name: str) -> None:
         self.gate = gate
@@ -339,7 +339,6 @@ class _ChainSteps:
         self.point: str | None = None  # where it waits (None: running, or not started)
         self.granted = False
         self.ended_ = False
-        self.steps = 0  # steps granted
 
     def step(self, point: str) -> None:
         """Writer thread: wait for the gate's permission to take step ``point``."""
@@ -492,7 +491,6 @@ class _ThreadGate:
                         break
                 n -= 1
                 chain.granted = True
-                chain.steps += 1
                 self.chain_steps += 1
                 self._cond.notify_all()
                 if not self._settle(chain):
