@@ -109,8 +109,6 @@ class Violation:
     detected: TaskSite | None = None
     blocked: tuple[TaskSite, ...] = ()
     perturbations: int = 0
-    chain_steps: int = 0
-    chains: int = 0
 
     @property
     def key(self) -> ReplayKey:
