@@ -658,7 +658,9 @@ class Settings:
     ``allowed``: exception types that may escape a scenario without being a violation.
     ``log_level``: log records at this level or above (e.g. ``actor 'x' crashed``,
     logged at ERROR) are violations; ``None`` turns that off. Every record at WARNING
-    or above is kept in :attr:`Attempt.logs` (and not printed).
+    or above is kept in :attr:`Attempt.logs` (and not printed). ``scratch``: the
+    directory each attempt's fresh ``probe.tmp_path`` is made in (``None``: the
+    system's temporary directory).
     """
 
     timeout: float = 120.0
@@ -668,6 +670,7 @@ class Settings:
     thread_wait: float = 5.0
     allowed: tuple[type[BaseException], ...] = LIBRARY_ERRORS
     log_level: int | None = logging.ERROR
+    scratch: str | None = None
 
 
 Finish: TypeAlias = Callable[[Probe, "BaseException | None"], None]
@@ -699,7 +702,8 @@ def run_attempt(
     label = label or canceller or "dry"
     with contextlib.ExitStack() as stack:
         def make_tmp() -> Path:
-            return Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="harness-chaos-", ignore_cleanup_errors=True)))
+            scratch = tempfile.TemporaryDirectory(prefix="harness-chaos-", dir=settings.scratch, ignore_cleanup_errors=True)
+            return Path(stack.enter_context(scratch))
 
         probe = Probe(scenario=name, seed=seed, k=k, canceller_name=canceller, tmp_path=make_tmp, faults=faults)
         gate = _ThreadGate(settings.thread_wait, None if seed == 0 and k == 0 else f"{name}:{seed}:{k}:{label}")

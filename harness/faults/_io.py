@@ -53,6 +53,7 @@ from harness.faults._files import FaultyFiles
 from harness.faults._invariants import check_durable, check_stored
 from harness.faults._power import PowerLossFiles
 from harness.faults._report import Attempt, ExploreReport, ReplayKey, Violation
+from harness.faults._scratch import scratch_dir
 from harness.faults._sqlite_faults import SqliteFaults
 from harness.persistence._files import SimulatedCrash
 
@@ -338,7 +339,7 @@ def kill_campaign(
     name = f"sigkill/{backend}"
     violations: list[Violation] = []
     repaired = 0
-    with tempfile.TemporaryDirectory(prefix="harness-kill-", ignore_cleanup_errors=True) as tmp:
+    with tempfile.TemporaryDirectory(prefix="harness-kill-", dir=scratch_dir(backend), ignore_cleanup_errors=True) as tmp:
         where = Path(root) if root is not None else Path(tmp)
         acknowledged: list[Any] = []
         for round_no in range(1, kills + 1):

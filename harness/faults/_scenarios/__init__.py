@@ -21,6 +21,8 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Final
 
+import attrs
+
 from harness.faults._backends import BACKENDS, scenario_modes
 from harness.faults._chain_scenario import group_chain
 from harness.faults._explore import Probe, Scenario
@@ -57,6 +59,7 @@ from harness.faults._scenarios._frame import (
 )
 from harness.faults._scenarios._sessions import fork, lifecycle
 from harness.faults._scenarios._writes import close_writes, group_commit, write_behind
+from harness.faults._scratch import scratch_dir
 
 # The registry: one row per scenario, in the order `harness chaos --list` shows them.
 # A new scenario is a function `async def name(probe, kind)` in its family's module
@@ -171,6 +174,7 @@ def builtin_scenarios() -> list[Scenario]:
     for a subset ``NAME/jsonl-zstd`` and ``NAME/postgres``, see
     :func:`~harness.faults._backends.scenario_modes`)."""
     out: list[Scenario] = []
+    settings = {kind: attrs.evolve(SETTINGS, scratch=scratch_dir(kind)) for kind in BACKENDS}
     for name, fn, description, cancellers, all_modes in _DEFS:
         for kind in BACKENDS:
             modes = scenario_modes(name, kind, all_modes)
@@ -184,7 +188,7 @@ def builtin_scenarios() -> list[Scenario]:
                     cancellers=cancellers,
                     backend=kind,
                     modes=modes,
-                    settings=SETTINGS,
+                    settings=settings[kind],
                 )
             )
     return out
