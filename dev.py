@@ -34,8 +34,8 @@ def _ensure_venv() -> None:
     if not PY.exists():
         print(f"dev.py: creating virtual environment in {VENV}", flush=True)
         venv.EnvBuilder(with_pip=True).create(VENV)
-    _run([str(PY), "-m", "pip", "install", "--quiet", "--upgrade", "pip"])
-    _run([str(PY), "-m", "pip", "install", "--quiet", "-e", f"{ROOT}[test,lint,docs]"])
+    _run([str(PY), "-m", "pip", "install", "--quiet", "--upgrade", "pip"], install=True)
+    _run([str(PY), "-m", "pip", "install", "--quiet", "-e", f"{ROOT}[test,lint,docs]"], install=True)
     STAMP.write_text(digest)
 
 
@@ -60,9 +60,24 @@ def _ensure_system_packages() -> None:
             print(f"dev.py: {exe} is not installed: the checks that drive it will be skipped", flush=True)
 
 
-def _run(cmd: list[str]) -> None:
+def _child_env() -> dict[str, str]:
+    """The environment of every command run here: compiled bytecode goes to
+    ``.venv/pycache``, never into the source tree, and is written even where
+    ``PYTHONDONTWRITEBYTECODE`` is set (as in many containers). Without it every
+    process -- each pytest worker, each CLI subprocess a test starts, each chaos
+    worker -- compiles the whole package (and pytest rewrites every test module)
+    again: 6 s of the test collection alone on a 2-core machine."""
+    env = dict(os.environ)
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    env["PYTHONPYCACHEPREFIX"] = str(VENV / "pycache")
+    return env
+
+
+def _run(cmd: list[str], *, install: bool = False) -> None:
     print("+ " + " ".join(cmd), flush=True)
-    completed = subprocess.run(cmd, cwd=ROOT)
+    # pip runs in the caller's environment: it compiles what it installs next to it,
+    # where a plain `.venv/bin/harness` finds it too.
+    completed = subprocess.run(cmd, cwd=ROOT, env=None if install else _child_env())
     if completed.returncode != 0:
         sys.exit(completed.returncode)
 
