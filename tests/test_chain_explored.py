@@ -16,7 +16,7 @@ import pytest
 from harness.faults import ExploreReport, explore, explore_crash, explore_io, replay
 from harness.faults._scenarios import select_scenarios
 from harness.persistence import _committer
-from harness.persistence._committer import GroupCommitter
+from harness.persistence._committer import GroupCommitter, run_round
 
 
 def mutant(fn: Callable[..., Any], *edits: tuple[str, str]) -> Callable[..., Any]:
@@ -97,8 +97,8 @@ def test_a_round_acknowledged_before_it_is_written_is_caught(monkeypatch: pytest
             "                    run_round(backend, later, cache)\n                    later = []\n",
         ),
         (
-            "result = outcome.capture(run_round, backend, jobs, cache)",
-            "result = outcome.Value([None] * len(jobs))\n                later = jobs",
+            "result = outcome.capture(run_round, backend, jobs, cache, steps)",
+            "result = outcome.Value([None] * len(jobs))\n                    later = jobs",
         ),
     )
     monkeypatch.setattr(GroupCommitter, "_chain", broken)
@@ -127,3 +127,22 @@ def test_completions_that_drop_coalesced_rounds_are_caught(monkeypatch: pytest.M
     monkeypatch.setattr(GroupCommitter, "_complete_rounds", broken)
     report = explore(chain_scenario(), seeds=1, confirm=False)
     assert any("hang" in m or "did not end" in m for m in messages(report)), report.distinct()
+
+
+def test_a_round_that_claims_its_jobs_on_a_stale_reading_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The round reads which jobs were withdrawn once, as it starts, and claims each
+    # later without the job's lock: a withdrawal that lands after the round claimed an
+    # earlier job (reached only through the steps inside a round) is told "never
+    # written", and the round writes the batch anyway.
+    broken = mutant(
+        run_round,
+        (
+            "    results: list[BaseException | None] = [None] * len(jobs)\n",
+            "    results: list[BaseException | None] = [None] * len(jobs)\n"
+            "    wanted = [not j._withdrawn for j in jobs]\n",
+        ),
+        ("        if not job.start():", "        job._started = wanted[i]\n        if not wanted[i]:"),
+    )
+    monkeypatch.setattr(_committer, "run_round", broken)
+    report = explore(chain_scenario(), cancellers=["waiter", "caller"], seeds=1, confirm=False)
+    assert any("the withdrawn batch must not be there" in m for m in messages(report)), report.distinct()

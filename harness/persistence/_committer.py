@@ -53,7 +53,8 @@ _TRIO_START: Final = trio.lowlevel.start_thread_soon
 class ChainSteps(Protocol):
     """What a fault explorer gives one chain (see :data:`chain_gate`): ``step(point)``
     (writer thread) returns when the chain may take its next step, ``point`` naming it
-    (``take``, ``write``, ``publish``, ``wake``); ``ended()`` (writer thread) is called
+    (``take``, ``write``, ``publish``, ``wake``; inside a round, :func:`run_round`'s
+    ``start`` and ``finish``); ``ended()`` (writer thread) is called
     once the chain gave up the carrier role and returns."""
 
     def step(self, point: str) -> None: ...
@@ -189,16 +190,26 @@ def group_writer(
 
 
 def run_round(
-    backend: Backend, jobs: Sequence[CommitJob], cache: GroupWriterCache | None = None
+    backend: Backend,
+    jobs: Sequence[CommitJob],
+    cache: GroupWriterCache | None = None,
+    steps: ChainSteps | None = None,
 ) -> list[BaseException | None]:
     """Blocking (the writer thread): one round. Each job still wanted is prepared; the
     prepared ones are written together (``write_group`` if the backend has it, else
     :func:`write_each`); each job's ``finish`` runs with its own outcome. The result is
-    aligned with ``jobs`` (``None``: durable)."""
+    aligned with ``jobs`` (``None``: durable).
+
+    ``steps`` (a fault explorer's, see :data:`chain_gate`): the round also waits for
+    permission before claiming each job (``start``: a withdrawal can land between two
+    jobs' claims, and after a job was prepared) and before each job's ``finish``, so
+    the explorer reaches the interleavings inside a round too."""
     results: list[BaseException | None] = [None] * len(jobs)
     writes: list[GroupWrite] = []
     at: list[int] = []
     for i, job in enumerate(jobs):
+        if steps is not None:
+            steps.step("start")
         if not job.start():
             results[i] = Withdrawn("withdrawn before its round started")
             continue
@@ -221,6 +232,8 @@ def run_round(
             results[i] = err
     for i, job in enumerate(jobs):
         if not isinstance(results[i], Withdrawn):
+            if steps is not None:
+                steps.step("finish")
             try:
                 job._finish(results[i])
             except BaseException as exc:  # a failed bookkeeping step fails its job only
@@ -477,8 +490,12 @@ class GroupCommitter:
                     self.batches += len(jobs)
                 if steps is not None:
                     steps.step("write")
-                # ``run_round`` looked up at each round (a profiler may wrap it).
-                result = outcome.capture(run_round, backend, jobs, cache)
+                # ``run_round`` looked up at each round (a profiler may wrap it, and
+                # one that takes three arguments still can: ``steps`` only when gated).
+                if steps is None:
+                    result = outcome.capture(run_round, backend, jobs, cache)
+                else:
+                    result = outcome.capture(run_round, backend, jobs, cache, steps)
                 if steps is not None:
                     steps.step("publish")
                 with mutex:
