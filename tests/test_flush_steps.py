@@ -8,14 +8,18 @@ stay: a flush is a checkpoint, a cancelled caller writes nothing, the bound hold
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
 import trio.testing
 
+from actors import Owner
+from harness.errors import FlushError
 from harness.persistence import JsonlBackend, open_persistence
 from harness.persistence import _writer as writer_module
 from harness.runtime import SessionHandle, open_store
+from harness.runtime._listeners import DirectFlush
 from tests.test_group_commit import (
     GatedJsonl,
     bounded_waits,
@@ -199,3 +203,93 @@ async def test_the_watchdog_ends_with_the_persistence(tmp_path: Path) -> None:
             assert p.committer._watching
         await trio.testing.wait_all_tasks_blocked()
         assert not p.committer._watching
+
+
+async def test_events_appended_while_a_flush_writes_are_durable_when_it_returns(tmp_path: Path) -> None:
+    # The direct flush (the persistence's only listener, an idle session) writes one
+    # batch in its own frame; what was enqueued meanwhile is written before it returns
+    # (SessionWriter.flush: "enqueued before the call and while it runs").
+    backend = GatedJsonl(tmp_path)
+    async with open_store() as store, open_persistence(store, backend, write_delay=1000) as p:
+        (h,) = await sessions(store, "s")
+        assert store.listeners.flush.direct is not None
+        await h.append("feedback/record", 1)
+        backend.gate.clear()
+        rounds = p.committer.rounds
+        seen: list[list[Any]] = []
+        async with trio.open_nursery() as n:
+
+            async def flush() -> None:
+                await h.flush()
+                seen.append(on_disk(tmp_path, "s"))
+
+            n.start_soon(flush)
+            await started(backend)
+            await h.append("feedback/record", 2)  # while the batch of 1 is written
+            backend.gate.set()
+        assert seen == [[0, 1, 2]]
+        assert p.committer.rounds == rounds + 2
+
+
+async def test_a_concurrent_flush_shares_the_barrier(tmp_path: Path) -> None:
+    # A second flusher finds the writer's lock taken by a direct flush: it waits for
+    # it, then writes what is left; neither returns before its own events are durable.
+    backend = GatedJsonl(tmp_path)
+    async with open_store() as store, open_persistence(store, backend, write_delay=1000):
+        (h,) = await sessions(store, "s")
+        await h.append("feedback/record", 1)
+        backend.gate.clear()
+        seen: dict[str, list[Any]] = {}
+        async with trio.open_nursery() as n:
+
+            async def flush(name: str) -> None:
+                await h.flush()
+                seen[name] = on_disk(tmp_path, "s")
+
+            n.start_soon(flush, "first")
+            await started(backend)
+            await h.append("feedback/record", 2)
+            n.start_soon(flush, "second")
+            await trio.testing.wait_all_tasks_blocked()
+            assert seen == {}
+            backend.gate.set()
+        assert seen == {"first": [0, 1, 2], "second": [0, 1, 2]}
+
+
+async def test_another_flush_listener_turns_the_direct_flush_off(tmp_path: Path) -> None:
+    # The store calls the persistence's direct form only while it is the only flush
+    # registration, unscoped; with another listener both are called, through the
+    # general path; unsubscribed, the direct form is back.
+    heard: list[str] = []
+    async with open_store() as store, open_persistence(store, JsonlBackend(tmp_path), write_delay=1000):
+        (h,) = await sessions(store, "s")
+        assert store.listeners.flush.direct is not None
+        unsubscribe = store.on_flush(lambda handle: heard.append(handle.id))
+        assert store.listeners.flush.direct is None
+        await h.append("feedback/record", 1)
+        with trio.testing.assert_checkpoints():
+            assert await h.flush() is True
+        assert heard == ["s"] and on_disk(tmp_path, "s") == [0, 1]
+        unsubscribe()
+        assert store.listeners.flush.direct is not None
+        await h.append("feedback/record", 2)
+        assert await h.flush() is True
+        assert heard == ["s"] and on_disk(tmp_path, "s") == [0, 1, 2]
+        async with Owner("o") as scope:
+            store.on_flush(DirectFlush(lambda handle: None, lambda handle: None), scope=scope)
+            assert store.listeners.flush.direct is None  # two registrations, one scoped
+
+
+async def test_a_failed_direct_write_is_a_flush_error_and_retried(tmp_path: Path) -> None:
+    # The direct flush maps a failed round as the general path does: a typed
+    # FlushError, the batch kept (and the lock released), written by the next flush.
+    backend = GatedJsonl(tmp_path)
+    async with open_store() as store, open_persistence(store, backend, write_delay=1000):
+        (h,) = await sessions(store, "s")
+        await h.append("feedback/record", 1)
+        backend.fail_round = True
+        with trio.testing.assert_checkpoints(), pytest.raises(FlushError):
+            await h.flush()
+        backend.fail_round = False
+        await h.flush()
+        assert on_disk(tmp_path, "s") == [0, 1]

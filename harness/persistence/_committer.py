@@ -395,6 +395,15 @@ class GroupCommitter:
         ``KeyboardInterrupt``)."""
         if job.result is not None:
             return job.result
+        self.watch(job, deadline)
+        return await trio.lowlevel.wait_task_rescheduled(refuse_abort)  # type: ignore[no-any-return]
+
+    def watch(self, job: CommitJob, deadline: float) -> None:
+        """The synchronous half of :meth:`wait_bounded` (``job.result`` not set yet):
+        make the current task ``job``'s waiter, bounded by ``deadline``. The caller
+        parks next, in its own frame, with
+        ``trio.lowlevel.wait_task_rescheduled(refuse_abort)`` (the direct flush of
+        :meth:`SessionWriter.flush_direct`: no coroutine frame for the wait)."""
         job.task = trio.lowlevel.current_task()
         self._watched[job] = deadline
         if deadline > self._watch_idle_until:
@@ -409,11 +418,6 @@ class GroupCommitter:
             scope = self._watch_scope
             if scope is not None and deadline < scope.deadline:
                 scope.deadline = deadline  # a shorter bound than the watchdog's (rare)
-
-        def refuse(_: Any) -> trio.lowlevel.Abort:
-            return trio.lowlevel.Abort.FAILED  # shielded: the round's outcome wakes it
-
-        return await trio.lowlevel.wait_task_rescheduled(refuse)  # type: ignore[no-any-return]
 
     async def _watch(self) -> None:
         """The watchdog of the bounded waits: wakes every waiter whose deadline passed
@@ -561,6 +565,12 @@ class GroupCommitter:
     def _end_idle_watch(self) -> None:
         if not self._watched and self._watch_scope is not None:
             self._watch_scope.cancel()  # it wakes, finds nothing watched, and ends
+
+
+def refuse_abort(_: Any) -> trio.lowlevel.Abort:
+    """The abort function of a bounded wait: shielded, the round's outcome (or the
+    watchdog, at the deadline) wakes it."""
+    return trio.lowlevel.Abort.FAILED
 
 
 def _chain_ended(result: outcome.Outcome[None]) -> None:

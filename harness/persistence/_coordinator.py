@@ -9,7 +9,7 @@ import logging
 import math
 import sys
 import weakref
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Sequence
 from contextlib import asynccontextmanager
 from itertools import repeat
 from typing import Any, final
@@ -51,6 +51,7 @@ from harness.persistence._writer import (
     run_storage_call,
 )
 from harness.runtime import SessionHandle, Store
+from harness.runtime._listeners import DirectFlush
 from harness.session import (
     KNOWN_EVENT_TYPES,
     Session,
@@ -173,7 +174,7 @@ class Persistence(ServiceMixin):
         self._unsubscribe = [
             store.on_created(self._on_created),
             store.on_event_batch(self._on_events),
-            store.on_flush(self._on_flush),
+            store.on_flush(DirectFlush(self._on_flush, self._flush_direct)),
             store.on_disposed(self._on_disposed),
             store.add_pre_commit_hook(self._refuse_unreadable),
         ]
@@ -394,6 +395,17 @@ class Persistence(ServiceMixin):
                 return
             writer = self._writer_for(handle)
         writer.enqueue_batch(events)
+
+    def _flush_direct(self, handle: SessionHandle) -> Awaitable[None]:
+        """The store's direct form of :meth:`_on_flush` (see ``DirectFlush``: a live,
+        announced, idle session, right after the store's cancel point): a session with
+        its writer flushes through :meth:`SessionWriter.flush_direct`; anything else
+        through :meth:`_on_flush`."""
+        writer = self._writers.get(handle.id)
+        if writer is not None and writer.session is handle._entry.session:
+            writer.catch_up()
+            return writer.flush_direct()
+        return self._on_flush(handle)
 
     async def _on_flush(self, handle: SessionHandle) -> None:
         """The durability barrier for a live session. A session that is no longer live

@@ -16,7 +16,7 @@ import trio
 
 from harness.errors import FlushError, PersistenceError, WriterWedgedError
 from harness.persistence._backend import Backend, GroupWrite, WriterLease
-from harness.persistence._committer import CommitJob, GroupCommitter, thread_starter
+from harness.persistence._committer import CommitJob, GroupCommitter, refuse_abort, thread_starter
 from harness.session import Event, Session, event_to_record
 
 if TYPE_CHECKING:
@@ -474,24 +474,74 @@ class SessionWriter:
             # passes, and then the writer says so forever (wedged).
             await self._commit(batch)
         except WaitOverrun:
-            self.wedged = (
-                f"a write of {len(batch)} event(s) did not return within {WRITE_WAIT_LIMIT} s "
-                "(it may still land)"
-            )
-            log.warning('%s: session "%s": %s; the writer fails closed', self.backend.name, self.id, self.wedged)
-            raise WriterWedgedError(
-                f'{self.backend.name}: writing session "{self.id}" did not finish within {WRITE_WAIT_LIMIT} s; '
-                f"{len(self.pending)} event(s) are not known to be durable and the writer fails closed",
-                session_id=self.id,
-            ) from None
+            raise self._wedge(len(batch)) from None
         except Exception as exc:
             # Any failure (storage, encoding, a lost lease, a bug) is a typed flush
             # failure with the batch retained, never a crash of the caller's task.
             raise self._failed(exc) from exc
-        del self.pending[: len(batch)]
-        self.durable += len(batch)
-        self.failure = None
+        self._landed(len(batch))
         return True
+
+    async def flush_direct(self) -> None:
+        """:meth:`flush` for a caller that has just passed a cancel point with no
+        yield since (``Store.flush`` through the persistence's direct flush listener,
+        :class:`~harness.runtime._listeners.DirectFlush`): the same barrier, errors and
+        cancellation contract, without a cancel point of its own on entry.
+
+        The common case -- something to write, the lock free, no first-write check
+        pending, not wedged -- is :meth:`_write_locked` and :meth:`_commit` in this one
+        frame, parked directly in the committer's bounded wait (issue 26: each
+        coroutine frame between the flush and its wait is paid on the way down and up
+        again, per durable message). Anything else, and events enqueued while the
+        batch was written, take :meth:`flush`."""
+        self._disarm()
+        if self.durable >= self.queued:
+            return
+        lock = self._lock
+        if self.wedged is not None or self._before_first_write is not None or not self.pending or lock.locked():
+            await self.flush()
+            return
+        lock.acquire_nowait()
+        try:
+            batch = list(self.pending)
+            try:
+                job, started, limit, deadline = self._submit(batch)
+                # GroupCommitter.wait_bounded, inlined: its result cannot be there yet
+                # (a round completes on this thread, after a yield).
+                self._committer.watch(job, deadline)
+                result = await trio.lowlevel.wait_task_rescheduled(refuse_abort)
+                if result is None:  # the Trio-clock bound passed: as _commit goes on
+                    await self._wait_out(job, started, limit)
+                else:
+                    result.unwrap()
+            except WaitOverrun:
+                raise self._wedge(len(batch)) from None
+            except Exception as exc:
+                raise self._failed(exc) from exc
+            self._landed(len(batch))
+        finally:
+            lock.release()
+        if self.durable < self.queued:
+            await self.flush()  # enqueued while the batch was written (a rare path)
+
+    def _landed(self, count: int) -> None:
+        """The first ``count`` buffered events are durable: trim them."""
+        del self.pending[:count]
+        self.durable += count
+        self.failure = None
+
+    def _wedge(self, count: int) -> WriterWedgedError:
+        """A write of ``count`` events overran its bound: the writer fails closed from
+        now on; the error to raise."""
+        self.wedged = (
+            f"a write of {count} event(s) did not return within {WRITE_WAIT_LIMIT} s (it may still land)"
+        )
+        log.warning('%s: session "%s": %s; the writer fails closed', self.backend.name, self.id, self.wedged)
+        return WriterWedgedError(
+            f'{self.backend.name}: writing session "{self.id}" did not finish within {WRITE_WAIT_LIMIT} s; '
+            f"{len(self.pending)} event(s) are not known to be durable and the writer fails closed",
+            session_id=self.id,
+        )
 
     def _failed(self, exc: Exception) -> FlushError:
         """Remember ``exc`` and describe it as the flush failure (the batch is kept)."""
@@ -512,18 +562,33 @@ class SessionWriter:
 
         Cancellation: shielded; the round is never cancelled (other sessions' batches
         are in it too); a cancelled caller sees ``Cancelled`` at its next checkpoint."""
-        committer = self._committer
+        job, started, limit, deadline = self._submit(batch)
+        result = await self._committer.wait_bounded(job, deadline)
+        if result is not None:
+            result.unwrap()
+            return
+        await self._wait_out(job, started, limit)
+
+    def _submit(self, batch: list[dict[str, Any]]) -> tuple[CommitJob, float, float, float]:
+        """Hand ``batch`` to the group committer: its job, the wall-clock start of
+        the bound, the bound (:data:`WRITE_WAIT_LIMIT`, read once per write) and its
+        first Trio-clock deadline."""
         limit = WRITE_WAIT_LIMIT
-        wall = wall_clock
-        started = wall()
+        started = wall_clock()
         deadline = trio.current_time() + limit
         job = CommitJob(lambda: self._thread_prepare(batch), self._thread_finish)
-        committer.submit(job)
+        self._committer.submit(job)
+        return job, started, limit, deadline
+
+    async def _wait_out(self, job: CommitJob, started: float, limit: float) -> None:
+        """:meth:`_commit` after a bounded wait for ``job`` returned with its Trio-clock
+        deadline passed: its outcome if it came back meanwhile; else, while the wall
+        clock (from ``started``) says the bound ``limit`` has not passed, wait again;
+        else withdraw or abandon the job and raise :class:`WaitOverrun`.
+        Cancellation: as :meth:`_commit`."""
+        committer = self._committer
+        wall = wall_clock
         while True:
-            result = await committer.wait_bounded(job, deadline)
-            if result is not None:
-                result.unwrap()
-                return
             if job.result is not None:  # it came back as the deadline fired
                 job.result.unwrap()
                 return
@@ -532,6 +597,10 @@ class SessionWriter:
                 raise WaitOverrun(f"group commit of session {self.id!r}: {state} after {limit} s")
             # A virtual clock jumped: the wall clock says the bound has not passed.
             deadline = trio.current_time() + max(limit - (wall() - started), 0.0)
+            result = await committer.wait_bounded(job, deadline)
+            if result is not None:
+                result.unwrap()
+                return
 
     def _thread_prepare(self, batch: list[dict[str, Any]]) -> GroupWrite:
         """Writer thread, as its round reaches this batch: take the lock if the writer

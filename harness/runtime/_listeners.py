@@ -207,6 +207,38 @@ class Listeners:
 
 
 @final
+class DirectFlush:
+    """A ``flush`` listener with a cheaper form for the store's common case
+    (issue 26): ``listener(handle)`` as any flush listener, and ``direct(handle)``, which
+    the store calls *instead* when all of these hold: this is the store's only flush
+    registration and it is unscoped, the session is live, announced and its actor idle,
+    and the store has just passed a cancel point with no yield since. ``direct`` has
+    the listener's effect and cancellation contract, minus a cancel point of its own on
+    entry (the store's is that one); it returns an awaitable (awaited) or ``None``.
+
+    It spares a durable flush the listener layer's coroutine frames (a flush is a
+    chain of nine from ``Store.flush`` to the committer's wait otherwise), and the
+    listener its own lookups. Registered through ``Store.on_flush`` like any
+    listener; any other registration (a second flush listener, a scope) makes the store
+    call ``listener`` through the general path again."""
+
+    __slots__ = ("direct", "listener")
+
+    def __init__(
+        self, listener: FlushListener, direct: Callable[[SessionHandle], Awaitable[None] | None]
+    ) -> None:
+        self.listener = listener
+        self.direct = direct
+
+    def __call__(self, handle: SessionHandle) -> Awaitable[None] | None:
+        return self.listener(handle)
+
+    def __repr__(self) -> str:
+        name = getattr(self.listener, "__qualname__", None)
+        return f"{name if isinstance(name, str) else self.listener!r} (direct)"
+
+
+@final
 class BatchListener:
     """Marks an ``event`` listener that takes a whole commit at once:
     ``fn(handle, events)``, ``events`` the tuple of events one commit made, in seq order
@@ -243,7 +275,7 @@ class Registry:
     in order.
     """
 
-    __slots__ = ("_all", "_keys", "_scope_of", "_scoped", "_unscoped", "batched", "removals")
+    __slots__ = ("_all", "_keys", "_scope_of", "_scoped", "_unscoped", "batched", "direct", "removals")
 
     def __init__(self) -> None:
         self._all: dict[int, Any] = {}  # key -> listener; dicts keep insertion order
@@ -253,6 +285,9 @@ class Registry:
         self._scope_of: Callable[[Entry], Owner | None] | None = None
         self.removals = 0
         self.batched: set[int] = set()
+        #: The ``direct`` form of the only registration, if that one is an unscoped
+        #: :class:`DirectFlush` (else ``None``): what ``Store.flush`` may call instead.
+        self.direct: Callable[[SessionHandle], Awaitable[None] | None] | None = None
 
     def add(self, listener: Any) -> int:
         """Register ``listener`` last; return the key that :meth:`discard` takes."""
@@ -265,7 +300,12 @@ class Registry:
             self._scope_of = listener.scope_of  # one store: one scope map
         else:
             self._unscoped[key] = listener
+        self._resolve_direct()
         return key
+
+    def _resolve_direct(self) -> None:
+        only = next(iter(self._all.values())) if len(self._all) == 1 else None
+        self.direct = only.direct if type(only) is DirectFlush else None
 
     def discard(self, key: int) -> None:
         """Remove the registration ``key`` (nothing if it is gone already)."""
@@ -281,6 +321,7 @@ class Registry:
                 del self._scoped[listener.scope]
         else:
             del self._unscoped[key]
+        self._resolve_direct()
 
     def registered(self, key: int) -> bool:
         return key in self._all

@@ -734,7 +734,17 @@ class Store:
         points = _schedule_points(task)
         await trio.lowlevel.checkpoint_if_cancelled()
         try:
-            heard = handle._entry.announced and await self.listeners.run_flush(handle)
+            if not entry.announced:
+                heard = False
+            elif (direct := self.listeners.flush.direct) is not None:
+                # The only flush listener, in its direct form (see DirectFlush): no
+                # listener-layer frames between this flush and the listener's wait.
+                waiting = direct(handle)
+                if waiting is not None:
+                    await waiting
+                heard = True
+            else:
+                heard = await self.listeners.run_flush(handle)
         except Exception:
             if points is None or _schedule_points(task) == points:
                 await trio.lowlevel.cancel_shielded_checkpoint()
