@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from functools import partial
 
+import attrs
 import pytest
 import trio
 
@@ -25,6 +26,7 @@ from harness.faults._scenarios._frame import (
     note_errors,
     store_run,
 )
+from harness.faults._scratch import scratch_dir
 from harness.runtime import SessionHandle
 from harness.session import event_to_record
 
@@ -104,7 +106,7 @@ def scenario(kind: str) -> Scenario:
         cancellers=("caller", "teardown"),
         backend=kind,
         modes=("checkpoints", "io", "crash"),
-        settings=SETTINGS,
+        settings=attrs.evolve(SETTINGS, scratch=scratch_dir(kind)),  # as the built-in scenarios
     )
 
 
