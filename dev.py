@@ -66,7 +66,10 @@ def _child_env() -> dict[str, str]:
     ``PYTHONDONTWRITEBYTECODE`` is set (as in many containers). Without it every
     process -- each pytest worker, each CLI subprocess a test starts, each chaos
     worker -- compiles the whole package (and pytest rewrites every test module)
-    again: 6 s of the test collection alone on a 2-core machine."""
+    again: 6 s of the test collection alone on a 2-core machine. (The cache mirrors
+    each source's absolute path under the prefix, the standard library's too on a
+    first run; where that passes a path-length limit, as on Windows, Python skips
+    writing that file and only loses the saving.)"""
     env = dict(os.environ)
     env.pop("PYTHONDONTWRITEBYTECODE", None)
     env["PYTHONPYCACHEPREFIX"] = str(VENV / "pycache")

@@ -203,7 +203,10 @@ def run_round(
     ``steps`` (a fault explorer's, see :data:`chain_gate`): the round also waits for
     permission before claiming each job (``start``: a withdrawal can land between two
     jobs' claims, and after a job was prepared) and before each job's ``finish``, so
-    the explorer reaches the interleavings inside a round too."""
+    the explorer reaches the interleavings inside a round too. The step before the
+    first claim adds no interleaving to this code (nothing shared is touched between
+    the chain's ``write`` step and it); it is there so that work a round does before
+    its first claim (a variant that reads the jobs' state up front) is explored too."""
     results: list[BaseException | None] = [None] * len(jobs)
     writes: list[GroupWrite] = []
     at: list[int] = []
