@@ -6,6 +6,8 @@ path is known to survive. Every test runs on both paths: ``direct`` (the store c
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +19,7 @@ from harness.errors import FlushError, PersistenceCloseError, SessionNotLiveErro
 from harness.persistence import open_persistence
 from harness.persistence._coordinator import Persistence
 from harness.persistence._writer import SessionWriter
-from harness.runtime import Store, open_store
+from harness.runtime import SessionHandle, Store, open_store
 from tests.test_group_commit import GatedJsonl, bounded_waits, on_disk, sessions, started
 
 PATHS = ["direct", "general"]
@@ -52,6 +54,38 @@ class Spy:
 
 def writer_of(p: Persistence, sid: str) -> SessionWriter:
     return p._writers[sid]
+
+
+class Held:
+    """A flush held in its round (:func:`flush_held`): ``results`` gets what it returned
+    (or raised), then ``after()``'s value if one was given; ``nursery`` runs it."""
+
+    def __init__(self, nursery: trio.Nursery) -> None:
+        self.nursery = nursery
+        self.results: list[Any] = []
+
+
+@asynccontextmanager
+async def flush_held(backend: GatedJsonl, handle: SessionHandle, after: Any = None) -> AsyncIterator[Held]:
+    """``handle``'s flush started and held in its round (the backend's gate closed) for
+    the block; leaving the block opens the gate and waits for the flush (and for every
+    task the block started in ``held.nursery``)."""
+    backend.gate.clear()
+    async with trio.open_nursery() as n:
+        held = Held(n)
+
+        async def flush() -> None:
+            try:
+                held.results.append(await handle.flush())
+            except Exception as exc:
+                held.results.append(exc)
+            if after is not None:
+                held.results.append(after())
+
+        n.start_soon(flush)
+        await started(backend)
+        yield held
+        backend.gate.set()
 
 
 @pytest.mark.parametrize("path", PATHS)
@@ -106,24 +140,14 @@ async def test_a_trio_clock_jump_alone_does_not_wedge(
             choose(store, path)
             (h,) = await sessions(store, "s")
             await h.append("feedback/record", 1)
-            backend.gate.clear()
-            done: list[bool] = []
-            async with trio.open_nursery() as n:
-
-                async def flush() -> None:
-                    await h.flush()
-                    done.append(True)
-
-                n.start_soon(flush)
-                await started(backend)
+            async with flush_held(backend, h) as held:
                 mock_clock.jump(11)
                 await trio.testing.wait_all_tasks_blocked()
-                assert done == [] and writer_of(p, "s").wedged is None
+                assert held.results == [] and writer_of(p, "s").wedged is None
                 mock_clock.jump(11)  # twice: the second wait is bounded too
                 await trio.testing.wait_all_tasks_blocked()
-                assert done == []
-                backend.gate.set()
-            assert done == [True] and on_disk(tmp_path, "s") == [0, 1]
+                assert held.results == []
+            assert held.results == [True] and on_disk(tmp_path, "s") == [0, 1]
     finally:
         backend.gate.set()
 
@@ -141,23 +165,14 @@ async def test_a_detach_racing_a_flush_in_flight(tmp_path: Path, path: str, monk
             (h,) = await sessions(store, "s")
             header = h.header.to_record()
             await h.append("feedback/record", 1)
-            backend.gate.clear()
             spy.calls.clear()
-            returned: list[Any] = []
-            async with trio.open_nursery() as n:
-
-                async def flush() -> None:
-                    returned.append(await h.flush())
-                    returned.append(on_disk(tmp_path, "s"))
-
-                n.start_soon(flush)
-                await started(backend)
+            async with flush_held(backend, h, after=lambda: on_disk(tmp_path, "s")) as held:
                 await h.append("feedback/record", 2)
                 await store.detach(h)
                 with pytest.raises(SessionNotLiveError):
                     await h.flush()
-                backend.gate.set()
             assert spy.calls[0] == ("direct" if path == "direct" else "flush")
+            returned = held.results
             assert returned[0] is True and returned[1][:2] == [0, 1]
             await p.wait_retired("s")
             assert on_disk(tmp_path, "s") == [0, 1, 2]
@@ -178,21 +193,12 @@ async def test_a_close_racing_a_flush_in_flight(tmp_path: Path, path: str) -> No
                 (h,) = await sessions(store, "s")
                 header = h.header.to_record()
                 await h.append("feedback/record", 1)
-                backend.gate.clear()
-                outcome: list[Any] = []
-                async with trio.open_nursery() as n:
-
-                    async def flush() -> None:
-                        outcome.append(await h.flush())
-
-                    n.start_soon(flush)
-                    await started(backend)
+                async with flush_held(backend, h) as held:
                     await h.append("feedback/record", 2)
-                    n.start_soon(p.aclose)
+                    held.nursery.start_soon(p.aclose)
                     await trio.testing.wait_all_tasks_blocked()
                     assert store.listeners.flush.direct is None and len(store.listeners.flush) == 0
-                    backend.gate.set()
-                assert outcome == [True]
+                assert held.results == [True]
                 assert await h.flush() is False  # nobody listens any more
             assert on_disk(tmp_path, "s") == [0, 1, 2]
             assert not backend.lock_held(header)
@@ -211,14 +217,10 @@ async def test_a_listener_registered_during_a_flush_is_not_called_by_it(tmp_path
             choose(store, path)
             (h,) = await sessions(store, "s")
             await h.append("feedback/record", 1)
-            backend.gate.clear()
-            async with trio.open_nursery() as n:
-                n.start_soon(h.flush)
-                await started(backend)
+            async with flush_held(backend, h) as held:
                 unsubscribe = store.on_flush(lambda handle: heard.append(handle.id))
                 assert store.listeners.flush.direct is None
-                backend.gate.set()
-            assert heard == [] and on_disk(tmp_path, "s") == [0, 1]
+            assert held.results == [True] and heard == [] and on_disk(tmp_path, "s") == [0, 1]
             await h.append("feedback/record", 2)
             assert await h.flush() is True
             assert heard == ["s"] and on_disk(tmp_path, "s") == [0, 1, 2]
@@ -238,21 +240,12 @@ async def test_the_persistence_unsubscribed_during_a_flush(tmp_path: Path, path:
             choose(store, path)
             (h,) = await sessions(store, "s")
             await h.append("feedback/record", 1)
-            backend.gate.clear()
-            outcome: list[Any] = []
-            async with trio.open_nursery() as n:
-
-                async def flush() -> None:
-                    outcome.append(await h.flush())
-
-                n.start_soon(flush)
-                await started(backend)
+            async with flush_held(backend, h) as held:
                 for f in p._unsubscribe:
                     f()
                 p._unsubscribe = []
                 assert store.listeners.flush.direct is None
-                backend.gate.set()
-            assert outcome == [True] and on_disk(tmp_path, "s") == [0, 1]
+            assert held.results == [True] and on_disk(tmp_path, "s") == [0, 1]
     finally:
         backend.gate.set()
 
@@ -308,10 +301,7 @@ async def test_a_new_incarnation_s_first_write_waits_for_the_old_one_s_retiremen
                     choose(store, path)
                     (old,) = await sessions(store, "s")
                     await old.append("feedback/record", 1)
-                    backend.gate.clear()
-                    async with trio.open_nursery() as n:
-                        n.start_soon(old.flush)
-                        await started(backend)
+                    async with flush_held(backend, old) as held:
                         await store.detach(old)
                         new = await store.create("s", cwd="/w")
                         await new.append("feedback/record", 2)
@@ -323,10 +313,9 @@ async def test_a_new_incarnation_s_first_write_waits_for_the_old_one_s_retiremen
                                 await new.flush()
                             done.append(caught.value)
 
-                        n.start_soon(flush_new)
+                        held.nursery.start_soon(flush_new)
                         await trio.testing.wait_all_tasks_blocked()
                         assert done == []  # behind the old incarnation's retirement
-                        backend.gate.set()
                     # Then its check: the stored log is not a prefix of this one (an id collision).
                     assert len(done) == 1 and "id collision" in str(done[0])
                     assert spy.calls[:2] == (["direct", "flush"] if path == "direct" else ["flush"])[:2]
