@@ -14,36 +14,24 @@ import attrs
 import pytest
 import trio
 
-from actors import ActorError
-from harness.errors import HarnessError, SessionNotLiveError
 from harness.faults import Probe, Scenario, explore, explore_crash, explore_io
 from harness.faults._backends import track_session
 from harness.faults._scenarios._frame import (
     SETTINGS,
     append_turns,
     check_live,
+    flush_and_acknowledge,
     guarded,
-    note_errors,
     store_run,
 )
 from harness.faults._scratch import scratch_dir
 from harness.runtime import SessionHandle
-from harness.session import event_to_record
 
 
 async def _flush_and_acknowledge(probe: Probe, handle: SessionHandle, what: str) -> None:
-    try:
-        events = handle.events
-    except SessionNotLiveError:
+    if not handle.alive:
         return  # detached already: nothing to acknowledge
-    failed = False
-    try:
-        await handle.flush()
-    except* (HarnessError, ActorError) as group:
-        note_errors(probe, group, what)
-        failed = True
-    if not failed and len(events):
-        probe.acknowledge(handle.id, len(events) - 1, [event_to_record(e) for e in events])
+    await flush_and_acknowledge(probe, handle, what)
 
 
 async def direct_flush_races(probe: Probe, kind: str) -> None:
