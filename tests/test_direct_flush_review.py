@@ -6,10 +6,7 @@ path is known to survive. Every test runs on both paths: ``direct`` (the store c
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
 
 import pytest
 import trio
@@ -19,8 +16,15 @@ from harness.errors import FlushError, PersistenceCloseError, SessionNotLiveErro
 from harness.persistence import open_persistence
 from harness.persistence._coordinator import Persistence
 from harness.persistence._writer import SessionWriter
-from harness.runtime import SessionHandle, Store, open_store
-from tests.test_group_commit import GatedJsonl, bounded_waits, on_disk, sessions, started
+from harness.runtime import Store, open_store
+from tests.test_group_commit import (
+    GatedJsonl,
+    bounded_waits,
+    flush_held,
+    on_disk,
+    sessions,
+    started,
+)
 
 PATHS = ["direct", "general"]
 
@@ -56,36 +60,6 @@ def writer_of(p: Persistence, sid: str) -> SessionWriter:
     return p._writers[sid]
 
 
-class Held:
-    """A flush held in its round (:func:`flush_held`): ``results`` gets what it returned
-    (or raised), then ``after()``'s value if one was given; ``nursery`` runs it."""
-
-    def __init__(self, nursery: trio.Nursery) -> None:
-        self.nursery = nursery
-        self.results: list[Any] = []
-
-
-@asynccontextmanager
-async def flush_held(backend: GatedJsonl, handle: SessionHandle, after: Any = None) -> AsyncIterator[Held]:
-    """``handle``'s flush started and held in its round (the backend's gate closed) for
-    the block; leaving the block opens the gate and waits for the flush (and for every
-    task the block started in ``held.nursery``)."""
-    backend.gate.clear()
-    async with trio.open_nursery() as n:
-        held = Held(n)
-
-        async def flush() -> None:
-            try:
-                held.results.append(await handle.flush())
-            except Exception as exc:
-                held.results.append(exc)
-            if after is not None:
-                held.results.append(after())
-
-        n.start_soon(flush)
-        await started(backend)
-        yield held
-        backend.gate.set()
 
 
 @pytest.mark.parametrize("path", PATHS)

@@ -23,6 +23,7 @@ from harness.runtime._listeners import DirectFlush
 from tests.test_group_commit import (
     GatedJsonl,
     bounded_waits,
+    flush_held,
     on_disk,
     sessions,
     started,
@@ -214,20 +215,10 @@ async def test_events_appended_while_a_flush_writes_are_durable_when_it_returns(
         (h,) = await sessions(store, "s")
         assert store.listeners.flush.direct is not None
         await h.append("feedback/record", 1)
-        backend.gate.clear()
         rounds = p.committer.rounds
-        seen: list[list[Any]] = []
-        async with trio.open_nursery() as n:
-
-            async def flush() -> None:
-                await h.flush()
-                seen.append(on_disk(tmp_path, "s"))
-
-            n.start_soon(flush)
-            await started(backend)
+        async with flush_held(backend, h, after=lambda: on_disk(tmp_path, "s")) as held:
             await h.append("feedback/record", 2)  # while the batch of 1 is written
-            backend.gate.set()
-        assert seen == [[0, 1, 2]]
+        assert held.results == [True, [0, 1, 2]]
         assert p.committer.rounds == rounds + 2
 
 
@@ -238,22 +229,18 @@ async def test_a_concurrent_flush_shares_the_barrier(tmp_path: Path) -> None:
     async with open_store() as store, open_persistence(store, backend, write_delay=1000):
         (h,) = await sessions(store, "s")
         await h.append("feedback/record", 1)
-        backend.gate.clear()
-        seen: dict[str, list[Any]] = {}
-        async with trio.open_nursery() as n:
+        second: list[list[Any]] = []
 
-            async def flush(name: str) -> None:
-                await h.flush()
-                seen[name] = on_disk(tmp_path, "s")
+        async def flush_second() -> None:
+            await h.flush()
+            second.append(on_disk(tmp_path, "s"))
 
-            n.start_soon(flush, "first")
-            await started(backend)
+        async with flush_held(backend, h, after=lambda: on_disk(tmp_path, "s")) as first:
             await h.append("feedback/record", 2)
-            n.start_soon(flush, "second")
+            first.nursery.start_soon(flush_second)
             await trio.testing.wait_all_tasks_blocked()
-            assert seen == {}
-            backend.gate.set()
-        assert seen == {"first": [0, 1, 2], "second": [0, 1, 2]}
+            assert first.results == [] and second == []
+        assert first.results == [True, [0, 1, 2]] and second == [[0, 1, 2]]
 
 
 async def test_another_flush_listener_turns_the_direct_flush_off(tmp_path: Path) -> None:

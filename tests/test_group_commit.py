@@ -9,7 +9,8 @@ from __future__ import annotations
 import errno
 import os
 import threading
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -78,6 +79,38 @@ def on_disk(root: Path, sid: str) -> list[Any]:
 async def started(backend: GatedJsonl) -> None:
     """Wait until a round is held at the gate."""
     await trio.to_thread.run_sync(backend.entered.wait, 10)
+
+
+class Held:
+    """A flush held in its round (:func:`flush_held`): ``results`` gets what it returned
+    (or raised), then ``after()``'s value if one was given; ``nursery`` runs it."""
+
+    def __init__(self, nursery: trio.Nursery) -> None:
+        self.nursery = nursery
+        self.results: list[Any] = []
+
+
+@asynccontextmanager
+async def flush_held(backend: GatedJsonl, handle: SessionHandle, after: Any = None) -> AsyncIterator[Held]:
+    """``handle``'s flush started and held in its round (the backend's gate closed) for
+    the block; leaving the block opens the gate and waits for the flush (and for every
+    task the block started in ``held.nursery``)."""
+    backend.gate.clear()
+    async with trio.open_nursery() as n:
+        held = Held(n)
+
+        async def flush() -> None:
+            try:
+                held.results.append(await handle.flush())
+            except Exception as exc:
+                held.results.append(exc)
+            if after is not None:
+                held.results.append(after())
+
+        n.start_soon(flush)
+        await started(backend)
+        yield held
+        backend.gate.set()
 
 
 async def sessions(store: Any, *ids: str) -> list[SessionHandle]:
