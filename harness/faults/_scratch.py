@@ -6,11 +6,11 @@ import os
 from pathlib import Path
 from typing import Final
 
+from harness.faults._backends import BACKENDS, uses_files
+
 #: Where the attempts of the statement-faulted kinds keep their scratch files, when it
 #: is a writable directory with room to spare (a tmpfs on Linux).
 MEMORY_SCRATCH: Final = Path("/dev/shm")
-#: The kinds whose faults are statements, not file operations.
-MEMORY_KINDS: Final = frozenset({"sqlite", "postgres"})
 _ROOM: Final = 256 * 1024 * 1024
 
 
@@ -26,7 +26,7 @@ def scratch_dir(kind: str) -> str | None:
     about a third faster. The JSONL kinds stay on the real disk: their rounds sync with
     ``syncfs``, which a tmpfs is left out of (decision 0014), so memory would explore
     another path than the one users run."""
-    if kind not in MEMORY_KINDS:
+    if kind not in BACKENDS or uses_files(kind):  # the file-faulted kinds stay on the disk
         return None
     try:
         st = os.statvfs(MEMORY_SCRATCH)
