@@ -12,6 +12,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 import trio
 import trio.testing
@@ -560,7 +561,8 @@ async def test_failed_retirement_keeps_only_what_a_retry_needs(tmp_path: Path) -
         await p.wait_retired("s")
         assert not p._retiring  # no writer (and no session) is kept ...
         assert [type(x) for x in p._leftovers] == [Leftover]  # ... only what a retry needs
-        assert [r["data"]["i"] for r in p._leftovers[0].pending] == [1]
+        # (as orjson writes them: an appended event's data is its encoded JSON, decision 0023)
+        assert [orjson.loads(orjson.dumps(r))["data"]["i"] for r in p._leftovers[0].pending] == [1]
         assert not backend.lock_held(H)
     # aclose retried it under a fresh lock.
     assert [r["data"]["i"] for r in backend.load("s").records] == [0, 1]

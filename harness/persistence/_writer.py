@@ -17,7 +17,8 @@ import trio
 from harness.errors import FlushError, PersistenceError, WriterWedgedError
 from harness.persistence._backend import Backend, GroupWrite, WriterLease
 from harness.persistence._committer import CommitJob, GroupCommitter, refuse_abort, thread_starter
-from harness.session import Event, Session, event_to_record
+from harness.session import Event, Session
+from harness.session._events import event_to_write_record
 
 if TYPE_CHECKING:
     from harness.persistence._service import Fingerprint
@@ -310,7 +311,7 @@ class SessionWriter:
             return
         events = self.session.events
         if self.queued < len(events):
-            self.pending.extend(event_to_record(e) for e in events[self.queued :])
+            self.pending.extend(map(event_to_write_record, events[self.queued :]))
             self.queued = len(events)
             self._arm()
 
@@ -334,7 +335,7 @@ class SessionWriter:
             events = events[queued - first :]
             if not events:
                 return
-        self.pending.extend(map(event_to_record, events))
+        self.pending.extend(map(event_to_write_record, events))
         self.queued = queued + len(events)
         self._paused = False
         self._arm()

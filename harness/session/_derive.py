@@ -20,7 +20,7 @@ def derive_event_message(event: Event) -> FrozenDict | None:
     content is empty; ``tool/result`` -> ``data.message``; anything else -> ``None``.
     The result shares the event's frozen tree.
     """
-    return _project(event.type, event._data)
+    return _project(event.type, event.raw_data)
 
 
 def _project(t: str, data: RawJson) -> FrozenDict | None:
@@ -128,19 +128,24 @@ class DeriveCache:
     Each event is projected at most once (``_proj`` is indexed by seq); a replace
     (a new generation) restarts from node 0 into a *new* list so held results stay
     valid, and the restart costs one cached lookup per node.
+
+    ``read`` turns true at the first projection: from then on the session's surface
+    events are appended as trees, since each will be projected (decision 0023).
     """
 
-    __slots__ = ("_consumed", "_generation", "_messages", "_proj")
+    __slots__ = ("_consumed", "_generation", "_messages", "_proj", "read")
 
     def __init__(self) -> None:
         self._messages: list[FrozenDict] = []
         self._consumed = 0
         self._generation = 0
         self._proj: list[Any] = []
+        self.read = False
 
     def project(self, seq: int, events: Log) -> FrozenDict | None:
         """The derived message of event ``seq`` (``None``: it derives to nothing),
         memoised with the projections :meth:`derive` makes."""
+        self.read = True
         proj = self._proj
         if seq >= len(proj):
             proj.extend([_UNPROJECTED] * (len(events) - len(proj)))
@@ -150,6 +155,7 @@ class DeriveCache:
         return m  # type: ignore[no-any-return]
 
     def derive(self, nodes: list[int], generation: int, events: Log) -> MessageList:
+        self.read = True
         if generation != self._generation:
             self._messages = []
             self._consumed = 0

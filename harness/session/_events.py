@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any, Final, Literal, TypeAlias
 
 import attrs
+import orjson
 
 from harness.session._json import (
     FrozenDict,
@@ -20,6 +21,9 @@ from harness.session._json import (
     raw_of,
     view,
 )
+
+_loads: Final = orjson.loads
+_Fragment: Final = orjson.Fragment
 
 SAFE_INT_MAX: Final = 2**53 - 1
 
@@ -116,22 +120,35 @@ class Event:
 
     Construct events through :class:`~harness.session.Session` (append, seed or
     restore), which validates them; direct construction skips every check. The
-    ``data`` argument is a raw tree the event takes ownership of (or a frozen value).
+    ``data`` argument is a raw tree the event takes ownership of (or a frozen value),
+    or that tree's compact JSON as ``bytes`` (decision 0023: what an append keeps),
+    decoded afresh on every read of :attr:`data`.
     """
 
     type: str
     seq: int
     time: int
-    # The raw tree, not its view: one GC-tracked object less per event (decision 0003).
-    _data: RawJson
+    # The raw tree, not its view: one GC-tracked object less per event (decision 0003);
+    # or its JSON bytes, which the collector never visits (decision 0023).
+    _data: RawJson | bytes
     surface_op: SurfaceOp | None = None
     source_event_seqs: tuple[int, ...] | None = None
     ignorable: bool = False
 
     @property
     def data(self) -> JsonValue:
-        """The payload as a frozen JSON value."""
-        return view(self._data)
+        """The payload as a frozen JSON value (of an appended event: decoded on every
+        read, so two reads are equal, not identical)."""
+        data = self._data
+        return view(_loads(data) if type(data) is bytes else data)
+
+    @property
+    def raw_data(self) -> RawJson:
+        """The payload's raw tree (private to the harness: read it, never mutate it)."""
+        data = self._data
+        if isinstance(data, bytes):
+            return _loads(data)
+        return raw_of(data)
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Event):
@@ -143,7 +160,7 @@ class Event:
             and self.surface_op == other.surface_op
             and self.source_event_seqs == other.source_event_seqs
             and self.ignorable == other.ignorable
-            and raw_equal(raw_of(self._data), raw_of(other._data))
+            and raw_equal(self.raw_data, other.raw_data)
         )
 
     __hash__ = None  # type: ignore[assignment]
@@ -165,11 +182,26 @@ def event_to_record(event: Event) -> dict[str, Any]:
     The record shares the event's frozen tree (arrays may be tuples): serialise it, or
     pass it through :func:`~harness.session.thaw` for a plain, mutable copy.
     """
-    # Called per event by the persistence writer on the Trio thread: the plain
-    # append (an "append" op, nothing else) is one dict display.
+    return _record(event, event.raw_data)
+
+
+def event_to_write_record(event: Event) -> dict[str, Any]:
+    """:func:`event_to_record` for a writer that serialises it with orjson: the data an
+    append kept as JSON is an ``orjson.Fragment`` of those bytes (decision 0023), so it
+    is written as it was encoded, not decoded and encoded again."""
+    # Called per event by the persistence writer on the Trio thread.
     data = event._data
-    if type(data) is FrozenDict or type(data) is FrozenList:
+    if type(data) is bytes:
+        data = _Fragment(data)
+    elif type(data) is FrozenDict or type(data) is FrozenList:
         data = data._raw
+    if event.surface_op == APPEND and event.source_event_seqs is None and not event.ignorable:
+        return {"type": event.type, "seq": event.seq, "time": event.time, "data": data, "surfaceOp": APPEND}
+    return _record(event, data)
+
+
+def _record(event: Event, data: Any) -> dict[str, Any]:
+    # The plain append (an "append" op, nothing else) is one dict display.
     op = event.surface_op
     src = event.source_event_seqs
     if op == APPEND and src is None and not event.ignorable:

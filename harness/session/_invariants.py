@@ -15,7 +15,7 @@ import attrs
 
 from harness.errors import InvariantError
 from harness.session._events import END_SEED, SAFE_INT_MAX, Event, ReplaceOp
-from harness.session._json import ARRAY, raw_of
+from harness.session._json import ARRAY
 
 _TURN_SCOPED = frozenset({"step/end", "assistant/chunk", "assistant/message", "tool/call"})
 _TURN_ENCLOSED = frozenset({"todo/write", "request/header", "request/context"})
@@ -152,7 +152,7 @@ class RelationalInvariants:
         if seq <= s.last_seq:
             raise InvariantError(f"seq must strictly increase: saw {seq} after {s.last_seq}")
         t = event.type
-        raw = raw_of(event.data)
+        raw = event.raw_data
         d: dict[str, Any] = raw if type(raw) is dict else {}
         s = attrs.evolve(s, last_seq=seq)
         s = self._core(s, event, t, d)

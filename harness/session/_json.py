@@ -26,6 +26,9 @@ import orjson
 
 from harness.errors import NotJsonError
 
+_dumps = orjson.dumps
+_loads = orjson.loads
+
 if TYPE_CHECKING:
     JsonValue: TypeAlias = "bool | int | float | str | FrozenList | FrozenDict | None"
     """A frozen JSON value as stored in events and headers."""
@@ -257,6 +260,67 @@ def snapshot_storable_fast(value: object) -> RawJson:
         return _copy_fast(value, 0)
     except (_TooDeep, _Invalid):
         raise SnapshotRefused from None
+
+
+def _check_fast(value: Any, depth: int) -> None:
+    # The type walk of :func:`encode_storable_fast`: everything the copy refuses
+    # that orjson would write anyway (tuples, subclasses, enums, UUIDs, dataclasses,
+    # NaN, infinities, -0.0, fragments). What orjson itself refuses as it encodes
+    # (non-str and subclass keys, lone surrogates, integers past 64 bits) is left to
+    # it: str and int values cost one type test here.
+    t = type(value)
+    if t is dict:
+        if depth > _FAST_DEPTH:
+            raise _TooDeep
+        for v in value.values():
+            vt = type(v)
+            if vt is not str and vt is not int:
+                _check_fast(v, depth + 1)
+        return
+    if t is list:
+        if depth > _FAST_DEPTH:
+            raise _TooDeep
+        for v in value:
+            vt = type(v)
+            if vt is not str and vt is not int:
+                _check_fast(v, depth + 1)
+        return
+    if t is str or t is int or t is bool or value is None or t is FrozenDict or t is FrozenList:
+        return
+    if t is float and math.isfinite(value) and not (value == 0.0 and math.copysign(1.0, value) < 0):
+        return
+    raise _Invalid
+
+
+def _unview(value: object) -> RawJson:
+    # orjson's ``default``: reached only for our views (the walk refused the rest).
+    t = type(value)
+    if t is FrozenDict or t is FrozenList:
+        return value._raw  # type: ignore[attr-defined]
+    raise TypeError
+
+
+def encode_storable_fast(value: object) -> bytes:
+    """The append hot path's snapshot of a storable ``value`` of the common (shallow)
+    shapes, as its compact JSON (decision 0023), or :class:`SnapshotRefused`.
+
+    Accepts exactly what :func:`snapshot_storable_fast` accepts, and the bytes are
+    what orjson writes for that copy: a walk refuses by type what orjson would write
+    anyway, and orjson refuses the rest while it encodes. The caller owns the bytes,
+    so the caller's later mutation of ``value`` never reaches them, and the cyclic
+    collector never visits them. A refusal is not a verdict: the caller asks
+    :func:`try_snapshot_storable` for it (and for the copy of a deep value)."""
+    try:
+        _check_fast(value, 0)
+        return _dumps(value, default=_unview)
+    except (_TooDeep, _Invalid, TypeError):  # orjson.JSONEncodeError is a TypeError
+        raise SnapshotRefused from None
+
+
+def load_encoded(data: bytes) -> RawJson:
+    """The raw tree of data :func:`encode_storable_fast` encoded: fresh on every call
+    (arrays are lists; the caller owns the tree and must not mutate a view of it)."""
+    return _loads(data)
 
 
 def try_snapshot_storable(value: object, max_depth: int = MAX_STORABLE_DEPTH) -> tuple[str | None, RawJson]:

@@ -15,9 +15,12 @@ appended, and shares its data tree.
 Columns are append-only, so any prefix of them is immutable: a fork shares its
 parent's columns up to the boundary instead of copying them.
 
-A data entry is either the raw tree or, for an event restored from a JSON line, that
-line's ``bytes`` (decision 0010): the tree is decoded from it whenever the event is
-read. ``bytes`` is never a JSON value, so the two cannot be confused.
+A data entry is either the raw tree; or, for an event restored from a JSON line, that
+line's ``bytes`` (decision 0010); or, for an appended event, the compact JSON of its
+data (decision 0023, marked ``ENCODED`` in its kind). A tree is decoded from the bytes
+whenever the event is read. ``bytes`` is never a JSON value, so a tree and bytes cannot
+be confused. An event read from an ``ENCODED`` entry keeps the bytes and decodes them
+when its ``data`` is read.
 """
 
 from __future__ import annotations
@@ -36,6 +39,9 @@ NO_OP: Final = 0
 APPEND_OP: Final = 1
 WHOLE: Final = 2
 """Kinds: no surface op, a plain ``"append"``, or an event kept whole in ``whole``."""
+ENCODED: Final = 4
+"""Added to ``NO_OP`` or ``APPEND_OP``: the data entry is the data's own JSON, as an
+append keeps it (decision 0023), not a restored record line."""
 
 _loads: Final = orjson.loads
 
@@ -52,7 +58,7 @@ class Columns:
     def __init__(self) -> None:
         self.types: list[str] = []
         self.times = array("q")
-        # A raw tree, or the encoded record line it decodes from (see the module doc).
+        # A raw tree, a restored record line, or appended data's JSON (see the module doc).
         self.datas: list[RawJson | bytes] = []
         self.kinds = bytearray()
         self.whole: dict[int, Event] = {}
@@ -64,14 +70,17 @@ class Columns:
         """Add ``event`` in the cheapest form (its index is ``len(self)``)."""
         t = event.type
         op = event.surface_op
+        data = event._data
         if event.source_event_seqs is None and not event.ignorable and (op is None or op == APPEND):
             kind = NO_OP if op is None else APPEND_OP
+            if type(data) is bytes:
+                kind |= ENCODED
         else:
             kind = WHOLE
             self.whole[len(self.types)] = event
         self.types.append(INTERNED.get(t, t))
         self.times.append(event.time)
-        self.datas.append(event._data)
+        self.datas.append(data)
         self.kinds.append(kind)
 
     def event(self, i: int, seq: int) -> Event:
@@ -79,9 +88,16 @@ class Columns:
         if kind == WHOLE:
             return self.whole[i]
         data = self.datas[i]
-        if type(data) is bytes:
+        if type(data) is bytes and not kind & ENCODED:
             data = _loads(data)["data"]
-        return Event(self.types[i], seq, self.times[i], data, APPEND if kind else None, None, False)
+        return Event(self.types[i], seq, self.times[i], data, APPEND if kind & APPEND_OP else None, None, False)
+
+    def data_at(self, i: int) -> RawJson:
+        data = self.datas[i]
+        if type(data) is not bytes:
+            return data
+        # Only the plain kinds hold restored lines; an event kept whole holds its own data.
+        return _loads(data)["data"] if self.kinds[i] < WHOLE else _loads(data)
 
     def copy_prefix(self, n: int) -> Columns:
         out = Columns()
@@ -159,8 +175,7 @@ class Log(Sequence[Event]):
         encoded entry is decoded afresh on every call (callers that read one event
         often keep what they derive from it)."""
         k = self._k
-        data = self._base.datas[i] if i < k else self._own.datas[i - k]
-        return _loads(data)["data"] if type(data) is bytes else data
+        return self._base.data_at(i) if i < k else self._own.data_at(i - k)
 
     def seqs_of_type(self, type_: str) -> list[int]:
         """The seqs of the events of type ``type_``, in order, without materialising
@@ -188,7 +203,7 @@ class Log(Sequence[Event]):
         for cols, n in ((self._base, self._k), (self._own, len(self._own))):
             kinds, whole = cols.kinds, cols.whole
             for i in range(n):
-                kind = kinds[i]
+                kind = kinds[i] & ~ENCODED
                 if kind == APPEND_OP:
                     yield offset + i, APPEND
                 elif kind == WHOLE:

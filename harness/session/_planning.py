@@ -19,6 +19,7 @@ from harness.session._json import (
     MAX_STORABLE_DEPTH,
     RawJson,
     SnapshotRefused,
+    encode_storable_fast,
     snapshot_storable_fast,
     try_snapshot_raw,
     try_snapshot_storable,
@@ -27,6 +28,11 @@ from harness.session._state import SessionState
 from harness.session._surface import _MISSING, SurfacePlan, SurfaceState, plan_surface
 
 LEGACY_DELTA: Final = "request/header-delta"
+
+KEEP_TREES: Final = frozenset({"assistant/chunk", "request/header", LEGACY_DELTA})
+"""Types whose appended data stays a tree (decision 0023): chunk deltas, which the
+writers pack into rows by reading their fields; request headers and the legacy delta,
+whose data the planner reads (a ``fallback`` header and the delta are refused)."""
 
 PLAIN_APPEND: Final = SurfacePlan(-1, APPEND, None)
 NO_SURFACE: Final = SurfacePlan(-1, None, None)
@@ -139,6 +145,23 @@ def plan_one(
     """The event ``seq`` a draft makes, and its surface plan against ``state``."""
     if type(type_) is not str:
         raise EventError(f"session event type must be a string, got {type_!r}", session_id=s._sid)
+    if src is None and s._validator is None and type_ not in KEEP_TREES:
+        # The common shapes (a plain surface append, a log-only event) need no
+        # surface planning: the checks plan_surface would make are these. Their data
+        # is kept as its JSON where nothing is about to read its tree (decision 0023):
+        # not under a validator (it reads every event), and a surface event only
+        # until the session's surface is first derived (each would be decoded).
+        if type(op) is str and op == APPEND and type_ in SURFACE_TYPES:
+            if not s._derive.read:
+                try:
+                    return Event(type_, seq, now, encode_storable_fast(raw_data), APPEND, None), PLAIN_APPEND
+                except SnapshotRefused:
+                    pass  # the general path below gives the verdict (or the deep copy)
+        elif op is None and type_ not in SURFACE_TYPES:
+            try:
+                return Event(type_, seq, now, encode_storable_fast(raw_data), None, None), NO_SURFACE
+            except SnapshotRefused:
+                pass
     try:
         data = snapshot_storable_fast(raw_data)
     except SnapshotRefused:

@@ -50,7 +50,7 @@ def seed_items(s: SessionState, session_id: str, seed: Sequence[Event | dict[str
     caller pauses the collector."""
     for i, item in enumerate(seed):
         if isinstance(item, Event):
-            seed_one(s, i, item.type, item._data, item, None)
+            seed_one(s, i, item.type, item.raw_data, item, None)
             continue
         # The record wraps its data one level deeper: the append rule (data at
         # most MAX_STORABLE_DEPTH deep) is MAX_STORABLE_DEPTH + 1 for a record.
