@@ -295,3 +295,23 @@ def test_chunk_deltas_and_request_headers_are_kept_as_trees() -> None:
     s.append("assistant/chunk", {"turn": 1, "step": 1, "chunk": {"type": "text-delta", "index": 0, "text": "a"}})
     s.append("custom/kind", {"a": 1})
     assert _encoded(s) == [False, True]
+
+
+def test_an_encoded_event_holds_about_its_bytes_in_memory() -> None:
+    import tracemalloc
+
+    s = Session.create("mem", clock=lambda: 1)
+    drafts = [EventDraft("user/message", _payload(i), "append") for i in range(2000)]
+    size = sum(len(orjson.dumps(d.data)) for d in drafts) / len(drafts)
+    gc.collect()
+    tracemalloc.start()
+    try:
+        for i in range(0, 2000, 50):
+            s.append_batch(drafts[i : i + 50])
+        gc.collect()
+        retained = tracemalloc.get_traced_memory()[0] / 2000
+    finally:
+        tracemalloc.stop()
+    # orjson's own result keeps its 4 KiB output buffer: kept as it is, each event
+    # would hold ~4 KiB for ~90 bytes of JSON.
+    assert retained < size + 200, (retained, size)

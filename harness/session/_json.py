@@ -5,7 +5,9 @@ plain ``dict``/``list``/scalars that nothing ever mutates once adopted. Users on
 it through :class:`FrozenDict` and :class:`FrozenList`, read-only views that wrap a raw
 container in O(1) and wrap nested containers on access. Because the raw tree is plain
 Python, ``orjson`` serialises it at C speed and restore mode can adopt decoded trees
-without walking or copying them.
+without walking or copying them. The append hot path keeps most values as their
+compact JSON instead (:func:`encode_storable_fast`, decision 0023): the same values
+accepted, the bytes orjson writes for the copy, nothing for the cyclic collector.
 
 Accepted values (the reference's ``isJsonValue`` mapped to Python): ``None``, ``bool``,
 ``str`` (valid Unicode, no lone surrogates, so it encodes as UTF-8), ``int`` in the
@@ -28,6 +30,7 @@ from harness.errors import NotJsonError
 
 _dumps = orjson.dumps
 _loads = orjson.loads
+_NEWLINE = orjson.OPT_APPEND_NEWLINE
 
 if TYPE_CHECKING:
     JsonValue: TypeAlias = "bool | int | float | str | FrozenList | FrozenDict | None"
@@ -312,7 +315,10 @@ def encode_storable_fast(value: object) -> bytes:
     :func:`try_snapshot_storable` for it (and for the copy of a deep value)."""
     try:
         _check_fast(value, 0)
-        return _dumps(value, default=_unview)
+        # Sliced: orjson's result keeps its whole output buffer (4 KiB for a bench
+        # message of 445 bytes, as tracemalloc counts it), and the log keeps these
+        # bytes for the session's life. A slice is an exact-size copy (~30 ns).
+        return _dumps(value, default=_unview, option=_NEWLINE)[:-1]
     except (_TooDeep, _Invalid, TypeError):  # orjson.JSONEncodeError is a TypeError
         raise SnapshotRefused from None
 

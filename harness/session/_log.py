@@ -10,7 +10,7 @@ array the collector never visits), the data trees, and a one-byte kind for the
 surface op. Events with rarer metadata (a replace op, ``sourceEventSeqs``,
 ``ignorable``) are also kept whole beside the columns. An :class:`Event` is
 materialised when read; it is equal to, not identical with, the event that was
-appended, and shares its data tree.
+appended, and shares its data tree (or its data's bytes).
 
 Columns are append-only, so any prefix of them is immutable: a fork shares its
 parent's columns up to the boundary instead of copying them.
