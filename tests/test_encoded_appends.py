@@ -315,3 +315,17 @@ def test_an_encoded_event_holds_about_its_bytes_in_memory() -> None:
     # orjson's own result keeps its 4 KiB output buffer: kept as it is, each event
     # would hold ~4 KiB for ~90 bytes of JSON.
     assert retained < size + 200, (retained, size)
+
+
+def test_the_hot_paths_event_factory_makes_the_constructors_event() -> None:
+    import attrs
+
+    from harness.session import Event
+    from harness.session._events import plain_event
+
+    for data, op in ((b'{"a":1}', "append"), ({"a": 1}, None)):
+        made = plain_event("user/message", 3, 9, data, op)  # type: ignore[arg-type]
+        built = Event("user/message", 3, 9, data, op, None)  # type: ignore[arg-type]
+        assert attrs.astuple(made) == attrs.astuple(built) and made == built
+        with pytest.raises(attrs.exceptions.FrozenInstanceError):
+            made.seq = 4  # type: ignore[misc]

@@ -7,6 +7,7 @@ orjson writes, with the reference's camelCase keys and key order.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Final, Literal, TypeAlias
 
 import attrs
@@ -173,6 +174,35 @@ class Event:
     def __repr__(self) -> str:
         op = "" if self.surface_op is None else f", surface_op={self.surface_op!r}"
         return f"Event({self.type!r}, seq={self.seq}, data={self.data!r}{op})"
+
+
+def _slot_setter(name: str) -> Callable[[Event, Any], None]:
+    # The slot's member descriptor: its __set__ bypasses the frozen __setattr__.
+    descriptor: Any = Event.__dict__[name]
+    return descriptor.__set__  # type: ignore[no-any-return]
+
+
+_new_object = object.__new__
+_set_type, _set_seq, _set_time, _set_data, _set_op, _set_src, _set_ignorable = map(
+    _slot_setter, ("type", "seq", "time", "_data", "surface_op", "source_event_seqs", "ignorable")
+)
+
+
+def plain_event(type_: str, seq: int, time: int, data: RawJson | bytes, op: SurfaceOp | None) -> Event:
+    """``Event(type_, seq, time, data, op, None)`` for the hot paths (a plain append, a
+    log-only event, an event read from the log's columns), without attrs' frozen
+    ``__init__``: that calls ``object.__setattr__`` once per field, and the slots'
+    own setters are ~35% cheaper (decision 0022). Nothing is validated, as with the
+    constructor; the caller's data is already checked."""
+    e = _new_object(Event)
+    _set_type(e, type_)
+    _set_seq(e, seq)
+    _set_time(e, time)
+    _set_data(e, data)
+    _set_op(e, op)
+    _set_src(e, None)
+    _set_ignorable(e, False)
+    return e
 
 
 def event_to_record(event: Event) -> dict[str, Any]:

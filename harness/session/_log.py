@@ -32,7 +32,7 @@ from typing import Final, overload
 
 import orjson
 
-from harness.session._events import APPEND, KNOWN_EVENT_TYPES, Event, SurfaceOp
+from harness.session._events import APPEND, KNOWN_EVENT_TYPES, Event, SurfaceOp, plain_event
 from harness.session._json import RawJson
 
 NO_OP: Final = 0
@@ -90,7 +90,7 @@ class Columns:
         data = self.datas[i]
         if type(data) is bytes and not kind & ENCODED:
             data = _loads(data)["data"]
-        return Event(self.types[i], seq, self.times[i], data, APPEND if kind & APPEND_OP else None, None, False)
+        return plain_event(self.types[i], seq, self.times[i], data, APPEND if kind & APPEND_OP else None)
 
     def data_at(self, i: int) -> RawJson:
         data = self.datas[i]

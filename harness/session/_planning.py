@@ -14,7 +14,14 @@ import attrs
 
 from harness.errors import EventError, NotJsonError, SurfaceError
 from harness.session._append_types import EventDraft
-from harness.session._events import APPEND, SAFE_INT_MAX, SURFACE_TYPES, Event, ReplaceOp
+from harness.session._events import (
+    APPEND,
+    SAFE_INT_MAX,
+    SURFACE_TYPES,
+    Event,
+    ReplaceOp,
+    plain_event,
+)
 from harness.session._json import (
     MAX_STORABLE_DEPTH,
     RawJson,
@@ -154,12 +161,12 @@ def plan_one(
         if type(op) is str and op == APPEND and type_ in SURFACE_TYPES:
             if not s._derive.read:
                 try:
-                    return Event(type_, seq, now, encode_storable_fast(raw_data), APPEND, None), PLAIN_APPEND
+                    return plain_event(type_, seq, now, encode_storable_fast(raw_data), APPEND), PLAIN_APPEND
                 except SnapshotRefused:
                     pass  # the general path below gives the verdict (or the deep copy)
         elif op is None and type_ not in SURFACE_TYPES:
             try:
-                return Event(type_, seq, now, encode_storable_fast(raw_data), None, None), NO_SURFACE
+                return plain_event(type_, seq, now, encode_storable_fast(raw_data), None), NO_SURFACE
             except SnapshotRefused:
                 pass
     try:
@@ -180,9 +187,9 @@ def plan_one(
         # The common shapes (a plain surface append, a log-only event) need no
         # surface planning: the checks plan_surface would make are these.
         if type(op) is str and op == APPEND and type_ in SURFACE_TYPES:
-            return Event(type_, seq, now, data, APPEND, None), PLAIN_APPEND
+            return plain_event(type_, seq, now, data, APPEND), PLAIN_APPEND
         if op is None and type_ not in SURFACE_TYPES:
-            return Event(type_, seq, now, data, None, None), NO_SURFACE
+            return plain_event(type_, seq, now, data, None), NO_SURFACE
     raw_op: Any = _MISSING
     raw_src: Any = _MISSING
     if op is not None:
