@@ -329,3 +329,22 @@ def test_the_hot_paths_event_factory_makes_the_constructors_event() -> None:
         assert attrs.astuple(made) == attrs.astuple(built) and made == built
         with pytest.raises(attrs.exceptions.FrozenInstanceError):
             made.seq = 4  # type: ignore[misc]
+
+
+def test_an_ignorable_appended_event_is_kept_whole_with_its_json_and_reads_back_by_seq() -> None:
+    # Kept whole (an ignorable event), its data entry is the data's JSON, not a
+    # restored record line: the by-seq readers (derive, compaction's raw_data_at)
+    # decode it as the data itself.
+    s = Session.create("whole", clock=lambda: 1)
+    s.append_batch(
+        [
+            EventDraft("user/message", _payload(0), "append", ignorable=True),
+            EventDraft("tool/call", {"k": [1, {"b": None}]}, ignorable=True),
+        ]
+    )
+    assert _encoded(s) == [True, True]
+    assert s.raw_data_at(0) == _payload(0)
+    assert s.raw_data_at(1) == {"k": [1, {"b": None}]}
+    assert [thaw(m) for m in s.derive_messages()] == [_payload(0)]
+    child = Session.fork_of(s, 1, "whole-child", {"version": 0, "id": "whole-child", "createdAt": 1}, clock=lambda: 1)
+    assert child.raw_data_at(1) == {"k": [1, {"b": None}]} and child.events[0].ignorable

@@ -63,6 +63,12 @@ class Backend(Protocol):
     the torn-tail rule, atomic first write, whole-batch appends, repair, delete, a
     revision that changes on every write, and one writer per session.
 
+    The ``records`` a session's writer hands to ``materialize``, ``append`` and
+    ``write_group`` are for ``orjson`` only: an appended event's ``data`` may be an
+    ``orjson.Fragment`` of its JSON (decision 0023), which ``json``, ``pickle`` and
+    ``copy.deepcopy`` refuse and which cannot be indexed; a backend that reads or
+    compares a record's data decodes ``orjson.loads(orjson.dumps(record))`` first.
+
     Writes take the caller's ``lease`` (``None``: the caller holds none): a backend
     whose leases can be taken over (SQLite) checks it in the same transaction as the
     write and refuses a lost one with ``LeaseLostError``; JSONL relies on its ``flock``.
