@@ -348,3 +348,28 @@ def test_an_ignorable_appended_event_is_kept_whole_with_its_json_and_reads_back_
     assert [thaw(m) for m in s.derive_messages()] == [_payload(0)]
     child = Session.fork_of(s, 1, "whole-child", {"version": 0, "id": "whole-child", "createdAt": 1}, clock=lambda: 1)
     assert child.raw_data_at(1) == {"k": [1, {"b": None}]} and child.events[0].ignorable
+
+
+def test_a_session_under_a_store_installed_validator_keeps_trees_and_one_without_encodes() -> None:
+    from harness.session import RelationalInvariants
+
+    async def main() -> tuple[list[bool], list[bool], list[bool]]:
+        async with open_store(clock=lambda: 1) as store:
+            plain = await store.create("plain")
+            await plain.append("turn/start", {"turn": 1})
+            remove = store.install_validator(RelationalInvariants)
+            checked = await store.create("checked")
+            await checked.append("turn/start", {"turn": 1})
+            await plain.append("turn/end", {"turn": 1})
+            remove()
+            await checked.append("turn/end", {"turn": 1})
+            return (
+                _encoded(plain._entry.session),
+                _encoded(checked._entry.session),
+                [e.type == t for e, t in zip(checked.events, ("turn/start", "turn/end"), strict=True)],
+            )
+
+    plain, checked, types = trio.run(main)
+    assert plain == [True, False]  # encoded, then a tree while the validator was installed
+    assert checked == [False, True]  # a tree under it, encoded once it was removed
+    assert all(types)

@@ -227,16 +227,21 @@ def logged_in_step(s: SessionHandle, turn: int, step: int) -> tuple[bool, set[st
     for i in range(len(events) - 1, -1, -1):
         ev = events[i]
         t = ev.type
-        data: Any = ev.data  # shapes the invariants guarantee for these types
+        # Data is read only for the three types that need it: an appended event's data
+        # is decoded on each read (decision 0023).
+        data: Any  # shapes the invariants guarantee for these types
         if t == "step/start":
+            data = ev.data
             return (message, calls, results) if (data["turn"], data["step"]) == (turn, step) else None
         if t in ("step/end", "turn/start", "turn/end"):
             return None
         if t == "assistant/message":
             message = True
         elif t == "tool/call":
+            data = ev.data
             calls.add(data["callId"])
         elif t == "tool/result":
+            data = ev.data
             results.update(
                 b["toolCallId"] for b in data["message"]["content"] if b.get("type") == "tool-result"
             )

@@ -225,7 +225,11 @@ class SessionActor(Actor[Any]):
         return Session.fork_of(parent, boundary, child_id, header, clock=clock, validator=message.validator)
 
     def _append(self, drafts: tuple[Any, ...]) -> tuple[Event, ...]:
-        plan = self.session.plan(drafts)
+        session = self.session
+        # The store's installed validators read every planned event's data: the
+        # planner then keeps trees rather than JSON to decode at once (decision 0023).
+        session._hooked = bool(self.session_handle._entry.companions)
+        plan = session.plan(drafts)
         hooks = self.listeners.pre_commit
         if hooks:  # (no copy of an empty list on every append)
             for hook in list(hooks):

@@ -323,12 +323,6 @@ def encode_storable_fast(value: object) -> bytes:
         raise SnapshotRefused from None
 
 
-def load_encoded(data: bytes) -> RawJson:
-    """The raw tree of data :func:`encode_storable_fast` encoded: fresh on every call
-    (arrays are lists; the caller owns the tree and must not mutate a view of it)."""
-    return _loads(data)
-
-
 def try_snapshot_storable(value: object, max_depth: int = MAX_STORABLE_DEPTH) -> tuple[str | None, RawJson]:
     """Like :func:`try_snapshot_raw` for a value that must also be storable:
     ``(None, raw)``, or ``(why, None)`` with ``why`` ``"not JSON"`` or ``"too deep"``

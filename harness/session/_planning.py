@@ -152,11 +152,11 @@ def plan_one(
     """The event ``seq`` a draft makes, and its surface plan against ``state``."""
     if type(type_) is not str:
         raise EventError(f"session event type must be a string, got {type_!r}", session_id=s._sid)
-    if src is None and s._validator is None and type_ not in KEEP_TREES:
+    if src is None and s._validator is None and not s._hooked and type_ not in KEEP_TREES:
         # The common shapes (a plain surface append, a log-only event) need no
         # surface planning: the checks plan_surface would make are these. Their data
         # is kept as its JSON where nothing is about to read its tree (decision 0023):
-        # not under a validator (it reads every event), and a surface event only
+        # not under a validator (its own or the store's: it reads every event), and a surface event only
         # until the session's surface is first derived (each would be decoded).
         if type(op) is str and op == APPEND and type_ in SURFACE_TYPES:
             if not s._derive.read:

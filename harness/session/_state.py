@@ -42,6 +42,7 @@ class SessionState:
         "_events_view",
         "_first_live_seq",
         "_header",
+        "_hooked",
         "_last_bracket",
         "_last_context",
         "_last_end_seed",
@@ -64,6 +65,9 @@ class SessionState:
         self._clock: Clock = wall_clock_ms
         self._validator: AppendValidator | None = None
         self._vstate: Any = None
+        # A validator the store installed checks the planned events (set by the
+        # session actor before each plan): they keep trees, as under _validator.
+        self._hooked = False
         self._last_header = -1
         self._last_context = -1
         self._turn_marks: list[int] = []  # seqs of turn/start and turn/end, ascending
