@@ -40,7 +40,7 @@ from harness.runtime._messages import (
     Prune,
 )
 from harness.session import Event, Session
-from harness.session._commit import append_one
+from harness.session._commit import commit_single, plan_single
 from harness.session._events import SAFE_INT_MAX
 from harness.session._session import _NO_TURN
 
@@ -228,27 +228,31 @@ class SessionActor(Actor[Any]):
     def _append(self, drafts: tuple[Any, ...]) -> tuple[Event, ...]:
         session = self.session
         hooks = self.listeners.pre_commit
-        if not hooks and len(drafts) == 1 and drafts[0].ignorable is False:
-            # One draft and no veto to ask: the core's single append (what
-            # ``Session.append`` runs) is the plan and the commit of it, without the
-            # batch's plan object (W1-actor). Same checks, same errors, same event.
-            d = drafts[0]
-            session._hooked = False  # no hooks: no installed validator either
-            events: tuple[Event, ...] = (append_one(session, d.type, d.data, d.surface_op, d.source_event_seqs),)
-            self.listeners.emit_event(self.session_handle, events)
-            return events
         # The store's installed validators read every planned event's data: the
         # planner then keeps trees rather than JSON to decode at once (decision 0023).
         session._hooked = bool(self.session_handle._entry.companions)
-        plan = session.plan(drafts)
+        single = None
+        if len(drafts) == 1 and drafts[0].ignorable is False:
+            # One draft: the core's single append (what ``Session.append`` runs)
+            # planned, vetoed and committed, without the batch's plan object (W1-actor,
+            # W9, W17). Same checks, same errors, same event.
+            d = drafts[0]
+            single = plan_single(session, d.type, d.data, d.surface_op, d.source_event_seqs)
+            events: tuple[Event, ...] = (single[0],)
+        else:
+            plan = session.plan(drafts)
+            events = plan.events
         if hooks:  # (no copy of an empty list on every append)
             for hook in list(hooks):
                 try:
-                    hook(self.session_handle, plan.events)
+                    hook(self.session_handle, events)
                 except Exception as exc:
                     # A veto is an answer (nothing is committed), not a session-actor bug.
                     raise Rejected(exc) from None
-        events = self.session.commit(plan)
+        if single is not None:
+            commit_single(session, single)
+        else:
+            events = session.commit(plan)
         # Published once entered (the reference publishes for every attached session).
         self.listeners.emit_event(self.session_handle, events)
         return events

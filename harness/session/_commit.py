@@ -20,6 +20,7 @@ from harness.session._planning import (
     plan_one,
 )
 from harness.session._state import NOTED, SessionState
+from harness.session._surface import SurfacePlan
 
 
 def append_one(
@@ -32,18 +33,45 @@ def append_one(
     """Validate, copy and append one event (see :meth:`Session.append`)."""
     # plan + commit of a one-draft batch, without the draft and plan objects (the
     # hot path of W1): validate everything, then change the session.
+    single = plan_single(s, type_, data, surface_op, source_event_seqs)
+    commit_single(s, single)
+    return single[0]
+
+
+SinglePlan = tuple[Event, SurfacePlan, Any]
+"""One planned event: the event, its surface plan, the validator's state after it."""
+
+
+def plan_single(
+    s: SessionState, type_: str, data: object, surface_op: Any, source_event_seqs: Sequence[int] | None
+) -> SinglePlan:
+    """Validate one event against ``s`` without changing it (a one-draft
+    :meth:`Session.plan`, without the plan object): commit it with
+    :func:`commit_single` while ``s`` has not changed."""
     log = s._events
     base = len(log)
     event, sp = plan_one(s, type_, data, surface_op, source_event_seqs, base, clock_now(s), s._surface, log.__getitem__)
     vstate = s._vstate
     if s._validator is not None:
         vstate = s._validator.check(vstate, event)
-    apply_plan(s._surface, base, sp)
+    return event, sp, vstate
+
+
+def commit_single(s: SessionState, single: SinglePlan) -> None:
+    """Apply a :func:`plan_single` result to ``s``; :class:`SessionError` (nothing
+    changes) if the log changed after it was planned, as :func:`commit` checks."""
+    event, sp, vstate = single
+    if event.seq != len(s._events):
+        raise SessionError(
+            f'stale append plan for session "{s.id}": planned at seq {event.seq}, '
+            f"log is at seq {len(s._events)}",
+            session_id=s._sid,
+        )
+    apply_plan(s._surface, event.seq, sp)
     if event.type in NOTED:
         s._note_type(event.type, event.seq)
-    log.append(event)
+    s._events.append(event)
     s._vstate = vstate
-    return event
 
 
 def commit(s: SessionState, plan: AppendPlan) -> tuple[Event, ...]:
