@@ -63,6 +63,22 @@ async def test_append_nowait_is_queued_in_order_and_snapshots_its_data(caplog: p
             s.append_nowait("note", {})
 
 
+async def test_append_nowait_refuses_data_too_deep_to_store_as_append_does() -> None:
+    # The frozen copy it queues is a view, which the planner shares without a depth
+    # walk: accepted, such data would fail every write-behind flush (issue 16).
+    deep: Any = 1
+    for _ in range(300):
+        deep = [deep]
+    async with open_store() as store:
+        s = await store.create("s")
+        with pytest.raises(NotJsonError, match="nested more than 200 levels"):
+            await s.append("note", {"k": deep})
+        with pytest.raises(NotJsonError, match="nested more than 200 levels"):
+            s.append_nowait("note", {"k": deep})
+        await s.barrier()
+        assert list(s.events) == []
+
+
 async def test_inject_nowait_queues_at_once_and_its_record_rebuilds_the_same_inbox() -> None:
     async with open_store() as store, trio.open_nursery() as nursery:
         s = await store.create("s")

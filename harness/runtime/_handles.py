@@ -13,6 +13,7 @@ from harness.compaction._transaction import CompactionResult, Stability
 from harness.errors import (
     FlushTimeoutError,
     ManualCompactionError,
+    NotJsonError,
     SessionNotLiveError,
 )
 from harness.runtime._compaction import CLOSE_GRACE, CompactionTicket, Summarizer, outcome
@@ -39,9 +40,9 @@ from harness.session import (
     SessionHeader,
     SurfaceNodes,
     SurfaceOp,
-    freeze,
 )
 from harness.session._derive import DeriveCache
+from harness.session._json import MAX_STORABLE_DEPTH, try_snapshot_storable, view
 from harness.session._log import Log
 from harness.session._request_header import canonical_header
 
@@ -318,15 +319,27 @@ class SessionHandle:
         already sent to it, and applied in that order.
 
         ``data`` is snapshotted now (later mutation of it never reaches the log);
-        data that is not JSON raises :class:`~harness.errors.NotJsonError` here. A
-        refusal by the actor (a surface rule, a veto) cannot reach the caller: it is
-        logged on ``actors`` (``cast … rejected``) and nothing is appended; read
+        data that is not JSON, or nests deeper than an event can be stored, raises
+        :class:`~harness.errors.NotJsonError` here. A refusal by the actor (a surface
+        rule, a veto) cannot reach the caller: it is logged on ``actors`` (``cast …
+        rejected``) and nothing is appended; read
         :attr:`events` (after :meth:`barrier`) to know what landed. Raises
         :class:`~harness.errors.SessionNotLiveError` on a stale handle and
         ``trio.WouldBlock`` when the actor's mailbox is full (nothing queued).
         """
         ref = self._ref()
-        draft = EventDraft(type, freeze(data), surface_op, source_event_seqs)
+        # The storable copy, not ``freeze``: the queued view is shared by the planner
+        # without a depth walk, so its depth is checked here as an append checks it.
+        why, raw = try_snapshot_storable(data)
+        if why is not None:
+            raise NotJsonError(
+                f'session event "{type}" for session "{self.id}" carries data nested more than '
+                f"{MAX_STORABLE_DEPTH} levels deep, which cannot be stored"
+                if why == "too deep"
+                else f'session event "{type}" for session "{self.id}" is not losslessly JSON-serializable',
+                session_id=self.id,
+            )
+        draft = EventDraft(type, view(raw), surface_op, source_event_seqs)
         try:
             ref.cast_nowait(Append((draft,)))
         except ActorStoppedError:
