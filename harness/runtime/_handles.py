@@ -11,6 +11,7 @@ from actors import ActorCrashedError, ActorRef, ActorStoppedError, run_bounded
 from harness.compaction import PruneResult, ToolResultPruneConfig
 from harness.compaction._transaction import CompactionResult, Stability
 from harness.errors import (
+    EventError,
     FlushTimeoutError,
     ManualCompactionError,
     NotJsonError,
@@ -365,7 +366,15 @@ class SessionHandle:
 
         Same cancellation contract as :meth:`append`.
         """
-        return await self._call(Append(tuple(drafts)))  # type: ignore[no-any-return]
+        batch = tuple(drafts)
+        for d in batch:
+            if type(d) is not EventDraft:
+                # Refused here: the session actor reads a draft's fields, and anything
+                # but a HarnessError there crashes it (the session stops being live).
+                raise EventError(
+                    f'session "{self.id}" batch item {d!r} is not an EventDraft', session_id=self.id
+                )
+        return await self._call(Append(batch))  # type: ignore[no-any-return]
 
     async def derive_messages(self) -> MessageList:
         """The model-visible messages (a read through the actor, ordered with writes).
