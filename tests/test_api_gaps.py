@@ -18,10 +18,10 @@ import harness
 from harness.agent import Agent, Say, ScriptedProvider
 from harness.agent._inbox import Inbox
 from harness.compaction import measure, select_compactable_range, tool_pairing_balanced_after
-from harness.errors import NotJsonError, PersistenceArgumentError, SessionNotLiveError
+from harness.errors import EventError, NotJsonError, PersistenceArgumentError, SessionNotLiveError
 from harness.persistence import OsFiles
 from harness.runtime import open_store
-from harness.session import thaw
+from harness.session import EventDraft, thaw
 from tests.helpers import assistant, user
 
 LONG = "lorem ipsum dolor sit amet " * 40
@@ -61,6 +61,32 @@ async def test_append_nowait_is_queued_in_order_and_snapshots_its_data(caplog: p
         await store.detach(s)
         with pytest.raises(SessionNotLiveError):
             s.append_nowait("note", {})
+
+
+async def test_append_nowait_refuses_data_too_deep_to_store_as_append_does() -> None:
+    # The frozen copy it queues is a view, which the planner shares without a depth
+    # walk: accepted, such data would fail every write-behind flush (issue 16).
+    deep: Any = 1
+    for _ in range(300):
+        deep = [deep]
+    async with open_store() as store:
+        s = await store.create("s")
+        with pytest.raises(NotJsonError, match="nested more than 200 levels"):
+            await s.append("note", {"k": deep})
+        with pytest.raises(NotJsonError, match="nested more than 200 levels"):
+            s.append_nowait("note", {"k": deep})
+        await s.barrier()
+        assert list(s.events) == []
+
+
+async def test_a_batch_item_that_is_not_an_event_draft_is_refused_and_the_session_stays_live() -> None:
+    async with open_store() as store:
+        s = await store.create("s")
+        for drafts in ([("note", {})], [EventDraft("note", {}), ("note", {})]):
+            with pytest.raises(EventError, match=r'session "s".*EventDraft'):
+                await s.append_batch(drafts)  # type: ignore[list-item]
+        await s.append("note", {"n": 1})  # not crashed
+        assert [e.type for e in s.events] == ["note"]
 
 
 async def test_inject_nowait_queues_at_once_and_its_record_rebuilds_the_same_inbox() -> None:

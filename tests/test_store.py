@@ -190,6 +190,35 @@ async def test_pre_commit_hook_vetoes_whole_batch() -> None:
         assert s.alive and (await s.append("ok", 2)).seq == 1  # a veto is not a crash
 
 
+async def test_a_vetoed_single_append_leaves_the_validator_state_and_turn_marks_as_they_were() -> None:
+    # The one-draft path plans (the validator's next state included) before the hooks
+    # and applies it only after them, as a batch's plan and commit do.
+    from harness.errors import InvariantError
+    from harness.session import RelationalInvariants, Session
+
+    async with open_store(clock=clock) as store:
+        veto = {"on": True}
+
+        def hook(h: SessionHandle, events: tuple[Any, ...]) -> None:
+            if veto["on"]:
+                raise ValueError(f'session "{h.id}": vetoed {events[0].type}')
+
+        store.add_pre_commit_hook(hook)
+        heard: list[int] = []
+        store.on_event(lambda h, e: heard.append(e.seq))
+        session = Session.create("v", clock=clock, validator=RelationalInvariants())
+        s = await store.enter(await store.adopt(session))
+        with pytest.raises(ValueError, match="vetoed turn/start"):
+            await s.append("turn/start", {"turn": 1})
+        assert (s.seq, s.last_turn(), heard) == (0, 0, [])
+        assert session._turn_marks == []
+        veto["on"] = False
+        with pytest.raises(InvariantError):  # no turn is open: the vetoed start left no state
+            await s.append("turn/end", {"turn": 1, "reason": {"kind": "completed"}})
+        await s.append("turn/start", {"turn": 1})
+        assert (s.seq, session._turn_marks, heard) == (1, [0], [0])
+
+
 async def test_flush_runs_listeners_and_reports_first_failure(autojump_clock: trio.testing.MockClock) -> None:
     async with open_store() as store:
         s = await store.create()

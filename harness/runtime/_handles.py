@@ -11,8 +11,10 @@ from actors import ActorCrashedError, ActorRef, ActorStoppedError, run_bounded
 from harness.compaction import PruneResult, ToolResultPruneConfig
 from harness.compaction._transaction import CompactionResult, Stability
 from harness.errors import (
+    EventError,
     FlushTimeoutError,
     ManualCompactionError,
+    NotJsonError,
     SessionNotLiveError,
 )
 from harness.runtime._compaction import CLOSE_GRACE, CompactionTicket, Summarizer, outcome
@@ -39,9 +41,9 @@ from harness.session import (
     SessionHeader,
     SurfaceNodes,
     SurfaceOp,
-    freeze,
 )
 from harness.session._derive import DeriveCache
+from harness.session._json import MAX_STORABLE_DEPTH, try_snapshot_storable, view
 from harness.session._log import Log
 from harness.session._request_header import canonical_header
 
@@ -318,15 +320,27 @@ class SessionHandle:
         already sent to it, and applied in that order.
 
         ``data`` is snapshotted now (later mutation of it never reaches the log);
-        data that is not JSON raises :class:`~harness.errors.NotJsonError` here. A
-        refusal by the actor (a surface rule, a veto) cannot reach the caller: it is
-        logged on ``actors`` (``cast … rejected``) and nothing is appended; read
+        data that is not JSON, or nests deeper than an event can be stored, raises
+        :class:`~harness.errors.NotJsonError` here. A refusal by the actor (a surface
+        rule, a veto) cannot reach the caller: it is logged on ``actors`` (``cast …
+        rejected``) and nothing is appended; read
         :attr:`events` (after :meth:`barrier`) to know what landed. Raises
         :class:`~harness.errors.SessionNotLiveError` on a stale handle and
         ``trio.WouldBlock`` when the actor's mailbox is full (nothing queued).
         """
         ref = self._ref()
-        draft = EventDraft(type, freeze(data), surface_op, source_event_seqs)
+        # The storable copy, not ``freeze``: the queued view is shared by the planner
+        # without a depth walk, so its depth is checked here as an append checks it.
+        why, raw = try_snapshot_storable(data)
+        if why is not None:
+            raise NotJsonError(
+                f'session event "{type}" for session "{self.id}" carries data nested more than '
+                f"{MAX_STORABLE_DEPTH} levels deep, which cannot be stored"
+                if why == "too deep"
+                else f'session event "{type}" for session "{self.id}" is not losslessly JSON-serializable',
+                session_id=self.id,
+            )
+        draft = EventDraft(type, view(raw), surface_op, source_event_seqs)
         try:
             ref.cast_nowait(Append((draft,)))
         except ActorStoppedError:
@@ -352,7 +366,15 @@ class SessionHandle:
 
         Same cancellation contract as :meth:`append`.
         """
-        return await self._call(Append(tuple(drafts)))  # type: ignore[no-any-return]
+        batch = tuple(drafts)
+        for d in batch:
+            if type(d) is not EventDraft:
+                # Refused here: the session actor reads a draft's fields, and anything
+                # but a HarnessError there crashes it (the session stops being live).
+                raise EventError(
+                    f'session "{self.id}" batch item {d!r} is not an EventDraft', session_id=self.id
+                )
+        return await self._call(Append(batch))  # type: ignore[no-any-return]
 
     async def derive_messages(self) -> MessageList:
         """The model-visible messages (a read through the actor, ordered with writes).
