@@ -14,7 +14,6 @@ from harness.errors import (
     EventError,
     FlushTimeoutError,
     ManualCompactionError,
-    NotJsonError,
     SessionNotLiveError,
 )
 from harness.runtime._compaction import CLOSE_GRACE, CompactionTicket, Summarizer, outcome
@@ -43,8 +42,9 @@ from harness.session import (
     SurfaceOp,
 )
 from harness.session._derive import DeriveCache
-from harness.session._json import MAX_STORABLE_DEPTH, try_snapshot_storable, view
+from harness.session._json import view
 from harness.session._log import Log
+from harness.session._planning import storable_copy
 from harness.session._request_header import canonical_header
 
 if TYPE_CHECKING:
@@ -329,18 +329,10 @@ class SessionHandle:
         ``trio.WouldBlock`` when the actor's mailbox is full (nothing queued).
         """
         ref = self._ref()
-        # The storable copy, not ``freeze``: the queued view is shared by the planner
-        # without a depth walk, so its depth is checked here as an append checks it.
-        why, raw = try_snapshot_storable(data)
-        if why is not None:
-            raise NotJsonError(
-                f'session event "{type}" for session "{self.id}" carries data nested more than '
-                f"{MAX_STORABLE_DEPTH} levels deep, which cannot be stored"
-                if why == "too deep"
-                else f'session event "{type}" for session "{self.id}" is not losslessly JSON-serializable',
-                session_id=self.id,
-            )
-        draft = EventDraft(type, view(raw), surface_op, source_event_seqs)
+        # The planner's storable copy, not ``freeze``: the queued view is shared by the
+        # planner without a depth walk, so its depth is checked here as an append's is
+        # (the same refusals, the same messages).
+        draft = EventDraft(type, view(storable_copy(self.id, type, data)), surface_op, source_event_seqs)
         try:
             ref.cast_nowait(Append((draft,)))
         except ActorStoppedError:

@@ -172,7 +172,7 @@ def plan_one(
     try:
         data = snapshot_storable_fast(raw_data)
     except SnapshotRefused:
-        data = _snapshot_slow(s, type_, raw_data)
+        data = storable_copy(s._sid, type_, raw_data)
     if type_ == LEGACY_DELTA:
         raise EventError(
             f"{label(type_)} uses unsupported legacy request/header-delta format",
@@ -228,16 +228,18 @@ def plan_one(
     return Event(type_, seq, now, data, sp.surface_op, sp.source_event_seqs), sp
 
 
-def _snapshot_slow(s: SessionState, type_: str, raw_data: object) -> RawJson:
-    """The validating copy of data the fast walk refused: deep, or not storable."""
+def storable_copy(session_id: str, type_: str, raw_data: object) -> RawJson:
+    """The validating copy of the data of an event of ``type_`` (the general path, also
+    for data the fast walk refused), or :class:`NotJsonError`: not JSON, or nested
+    deeper than an event can be stored."""
     why, data = try_snapshot_storable(raw_data)
     if why == "too deep":
         # Refused here: accepted, it would fail every write-behind flush.
         raise NotJsonError(
             f"{label(type_)} carries data nested more than {MAX_STORABLE_DEPTH} levels deep, "
             "which cannot be stored",
-            session_id=s._sid,
+            session_id=session_id,
         )
     if why is not None:
-        raise NotJsonError(f"{label(type_)} carries non-JSON-serializable data", session_id=s._sid)
+        raise NotJsonError(f"{label(type_)} carries non-JSON-serializable data", session_id=session_id)
     return data
