@@ -62,11 +62,7 @@ def commit_single(s: SessionState, single: SinglePlan) -> None:
     changes) if the log changed after it was planned, as :func:`commit` checks."""
     event, sp, vstate = single
     if event.seq != len(s._events):
-        raise SessionError(
-            f'stale append plan for session "{s.id}": planned at seq {event.seq}, '
-            f"log is at seq {len(s._events)}",
-            session_id=s._sid,
-        )
+        raise _stale(s, event.seq)
     apply_plan(s._surface, event.seq, sp)
     if event.type in NOTED:
         s._note_type(event.type, event.seq)
@@ -77,11 +73,7 @@ def commit_single(s: SessionState, single: SinglePlan) -> None:
 def commit(s: SessionState, plan: AppendPlan) -> tuple[Event, ...]:
     """Apply ``plan`` to ``s`` (see :meth:`Session.commit`)."""
     if plan.session is not s or plan.base_seq != len(s._events):
-        raise SessionError(
-            f'stale append plan for session "{s.id}": planned at seq {plan.base_seq}, '
-            f"log is at seq {len(s._events)}",
-            session_id=s._sid,
-        )
+        raise _stale(s, plan.base_seq)
     events = plan.events
     if plan.surface is not None:
         s._surface = plan.surface
@@ -104,3 +96,10 @@ def commit(s: SessionState, plan: AppendPlan) -> tuple[Event, ...]:
     s._events.extend(events)
     s._vstate = plan.validator_state
     return plan.events
+
+
+def _stale(s: SessionState, planned_at: int) -> SessionError:
+    return SessionError(
+        f'stale append plan for session "{s.id}": planned at seq {planned_at}, log is at seq {len(s._events)}',
+        session_id=s._sid,
+    )
