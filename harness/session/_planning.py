@@ -152,23 +152,29 @@ def plan_one(
     """The event ``seq`` a draft makes, and its surface plan against ``state``."""
     if type(type_) is not str:
         raise EventError(f"session event type must be a string, got {type_!r}", session_id=s._sid)
-    if src is None and s._validator is None and not s._hooked and type_ not in KEEP_TREES:
-        # The common shapes (a plain surface append, a log-only event) need no
-        # surface planning: the checks plan_surface would make are these. Their data
-        # is kept as its JSON where nothing is about to read its tree (decision 0023):
-        # not under a validator (its own or the store's: it reads every event), and a surface event only
-        # until the session's surface is first derived (each would be decoded).
+    # The common shapes (a plain surface append, a log-only event) need no surface
+    # planning: the checks plan_surface would make are these.
+    common: SurfacePlan | None = None
+    if src is None:
         if type(op) is str and op == APPEND and type_ in SURFACE_TYPES:
-            if not s._derive.read:
-                try:
-                    return plain_event(type_, seq, now, encode_storable_fast(raw_data), APPEND), PLAIN_APPEND
-                except SnapshotRefused:
-                    pass  # the general path below gives the verdict (or the deep copy)
+            common = PLAIN_APPEND
         elif op is None and type_ not in SURFACE_TYPES:
-            try:
-                return plain_event(type_, seq, now, encode_storable_fast(raw_data), None), NO_SURFACE
-            except SnapshotRefused:
-                pass
+            common = NO_SURFACE
+    if (
+        common is not None
+        and s._validator is None
+        and not s._hooked
+        and type_ not in KEEP_TREES
+        and (common is NO_SURFACE or not s._derive.read)
+    ):
+        # Their data is kept as its JSON where nothing is about to read its tree
+        # (decision 0023): not under a validator (its own or the store's: it reads
+        # every event), and a surface event only until the session's surface is first
+        # derived (each would be decoded).
+        try:
+            return plain_event(type_, seq, now, encode_storable_fast(raw_data), common.surface_op), common
+        except SnapshotRefused:
+            pass  # the general path below gives the verdict (or the deep copy)
     try:
         data = snapshot_storable_fast(raw_data)
     except SnapshotRefused:
@@ -183,13 +189,8 @@ def plan_one(
             f'{label(type_)} uses unsupported legacy request/header reason "fallback"',
             session_id=s._sid,
         )
-    if src is None:
-        # The common shapes (a plain surface append, a log-only event) need no
-        # surface planning: the checks plan_surface would make are these.
-        if type(op) is str and op == APPEND and type_ in SURFACE_TYPES:
-            return plain_event(type_, seq, now, data, APPEND), PLAIN_APPEND
-        if op is None and type_ not in SURFACE_TYPES:
-            return plain_event(type_, seq, now, data, None), NO_SURFACE
+    if common is not None:
+        return plain_event(type_, seq, now, data, common.surface_op), common
     raw_op: Any = _MISSING
     raw_src: Any = _MISSING
     if op is not None:
