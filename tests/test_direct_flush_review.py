@@ -6,6 +6,8 @@ path is known to survive. Every test runs on both paths: ``direct`` (the store c
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
@@ -35,6 +37,20 @@ def choose(store: Store, path: str) -> None:
     assert store.listeners.flush.direct is not None
     if path == "general":
         store.listeners.flush.direct = None
+
+
+@asynccontextmanager
+async def gated(tmp_path: Path, path: str) -> AsyncIterator[tuple[GatedJsonl, Store, Persistence]]:
+    """A store with a persistence on a ``GatedJsonl`` whose flush listener is on
+    ``path``; the gate is opened on the way out, so a failing test never leaves a round
+    held."""
+    backend = GatedJsonl(tmp_path)
+    try:
+        async with open_store() as store, open_persistence(store, backend, write_delay=1000) as p:
+            choose(store, path)
+            yield backend, store, p
+    finally:
+        backend.gate.set()
 
 
 class Spy:
@@ -108,22 +124,17 @@ async def test_a_trio_clock_jump_alone_does_not_wedge(
     # The watchdog wakes the wait at the Trio-clock bound; the wall clock says the bound
     # has not passed: it waits again (``_wait_out``) and returns once the round is back.
     bounded_waits(monkeypatch, 10.0)
-    backend = GatedJsonl(tmp_path)
-    try:
-        async with open_store() as store, open_persistence(store, backend, write_delay=1000) as p:
-            choose(store, path)
-            (h,) = await sessions(store, "s")
-            await h.append("feedback/record", 1)
-            async with flush_held(backend, h) as held:
-                mock_clock.jump(11)
-                await trio.testing.wait_all_tasks_blocked()
-                assert held.results == [] and writer_of(p, "s").wedged is None
-                mock_clock.jump(11)  # twice: the second wait is bounded too
-                await trio.testing.wait_all_tasks_blocked()
-                assert held.results == []
-            assert held.results == [True] and on_disk(tmp_path, "s") == [0, 1]
-    finally:
-        backend.gate.set()
+    async with gated(tmp_path, path) as (backend, store, p):
+        (h,) = await sessions(store, "s")
+        await h.append("feedback/record", 1)
+        async with flush_held(backend, h) as held:
+            mock_clock.jump(11)
+            await trio.testing.wait_all_tasks_blocked()
+            assert held.results == [] and writer_of(p, "s").wedged is None
+            mock_clock.jump(11)  # twice: the second wait is bounded too
+            await trio.testing.wait_all_tasks_blocked()
+            assert held.results == []
+        assert held.results == [True] and on_disk(tmp_path, "s") == [0, 1]
 
 
 @pytest.mark.parametrize("path", PATHS)
@@ -132,27 +143,22 @@ async def test_a_detach_racing_a_flush_in_flight(tmp_path: Path, path: str, monk
     # meanwhile (its retirement waits for the lock). The flush returns, durable; the
     # retirement writes what was appended after the flush started, and frees the lock.
     spy = Spy(monkeypatch)
-    backend = GatedJsonl(tmp_path)
-    try:
-        async with open_store() as store, open_persistence(store, backend, write_delay=1000) as p:
-            choose(store, path)
-            (h,) = await sessions(store, "s")
-            header = h.header.to_record()
-            await h.append("feedback/record", 1)
-            spy.calls.clear()
-            async with flush_held(backend, h, after=lambda: on_disk(tmp_path, "s")) as held:
-                await h.append("feedback/record", 2)
-                await store.detach(h)
-                with pytest.raises(SessionNotLiveError):
-                    await h.flush()
-            assert spy.calls[0] == ("direct" if path == "direct" else "flush")
-            returned = held.results
-            assert returned[0] is True and returned[1][:2] == [0, 1]
-            await p.wait_retired("s")
-            assert on_disk(tmp_path, "s") == [0, 1, 2]
-            assert not backend.lock_held(header)
-    finally:
-        backend.gate.set()
+    async with gated(tmp_path, path) as (backend, store, p):
+        (h,) = await sessions(store, "s")
+        header = h.header.to_record()
+        await h.append("feedback/record", 1)
+        spy.calls.clear()
+        async with flush_held(backend, h, after=lambda: on_disk(tmp_path, "s")) as held:
+            await h.append("feedback/record", 2)
+            await store.detach(h)
+            with pytest.raises(SessionNotLiveError):
+                await h.flush()
+        assert spy.calls[0] == ("direct" if path == "direct" else "flush")
+        returned = held.results
+        assert returned[0] is True and returned[1][:2] == [0, 1]
+        await p.wait_retired("s")
+        assert on_disk(tmp_path, "s") == [0, 1, 2]
+        assert not backend.lock_held(header)
 
 
 @pytest.mark.parametrize("path", PATHS)
@@ -184,44 +190,34 @@ async def test_a_close_racing_a_flush_in_flight(tmp_path: Path, path: str) -> No
 async def test_a_listener_registered_during_a_flush_is_not_called_by_it(tmp_path: Path, path: str) -> None:
     # The listeners a flush runs are decided when it starts, on both paths; the next
     # flush runs both (the direct form is off while two are registered).
-    backend = GatedJsonl(tmp_path)
     heard: list[str] = []
-    try:
-        async with open_store() as store, open_persistence(store, backend, write_delay=1000):
-            choose(store, path)
-            (h,) = await sessions(store, "s")
-            await h.append("feedback/record", 1)
-            async with flush_held(backend, h) as held:
-                unsubscribe = store.on_flush(lambda handle: heard.append(handle.id))
-                assert store.listeners.flush.direct is None
-            assert held.results == [True] and heard == [] and on_disk(tmp_path, "s") == [0, 1]
-            await h.append("feedback/record", 2)
-            assert await h.flush() is True
-            assert heard == ["s"] and on_disk(tmp_path, "s") == [0, 1, 2]
-            unsubscribe()
-            assert store.listeners.flush.direct is not None  # back (also for `general`)
-    finally:
-        backend.gate.set()
+    async with gated(tmp_path, path) as (backend, store, _):
+        (h,) = await sessions(store, "s")
+        await h.append("feedback/record", 1)
+        async with flush_held(backend, h) as held:
+            unsubscribe = store.on_flush(lambda handle: heard.append(handle.id))
+            assert store.listeners.flush.direct is None
+        assert held.results == [True] and heard == [] and on_disk(tmp_path, "s") == [0, 1]
+        await h.append("feedback/record", 2)
+        assert await h.flush() is True
+        assert heard == ["s"] and on_disk(tmp_path, "s") == [0, 1, 2]
+        unsubscribe()
+        assert store.listeners.flush.direct is not None  # back (also for `general`)
 
 
 @pytest.mark.parametrize("path", PATHS)
 async def test_the_persistence_unsubscribed_during_a_flush(tmp_path: Path, path: str) -> None:
     # The only flush listener removed while its flush is in flight (the store's direct
     # form gone): that flush still ends as it began, durable.
-    backend = GatedJsonl(tmp_path)
-    try:
-        async with open_store() as store, open_persistence(store, backend, write_delay=1000) as p:
-            choose(store, path)
-            (h,) = await sessions(store, "s")
-            await h.append("feedback/record", 1)
-            async with flush_held(backend, h) as held:
-                for f in p._unsubscribe:
-                    f()
-                p._unsubscribe = []
-                assert store.listeners.flush.direct is None
-            assert held.results == [True] and on_disk(tmp_path, "s") == [0, 1]
-    finally:
-        backend.gate.set()
+    async with gated(tmp_path, path) as (backend, store, p):
+        (h,) = await sessions(store, "s")
+        await h.append("feedback/record", 1)
+        async with flush_held(backend, h) as held:
+            for f in p._unsubscribe:
+                f()
+            p._unsubscribe = []
+            assert store.listeners.flush.direct is None
+        assert held.results == [True] and on_disk(tmp_path, "s") == [0, 1]
 
 
 class _Steps(trio.abc.Instrument):
@@ -234,9 +230,7 @@ class _Steps(trio.abc.Instrument):
 
 @pytest.mark.parametrize("path", PATHS)
 async def test_a_failed_write_is_a_flush_error_with_the_batch_kept(tmp_path: Path, path: str) -> None:
-    backend = GatedJsonl(tmp_path)
-    async with open_store() as store, open_persistence(store, backend, write_delay=1000) as p:
-        choose(store, path)
+    async with gated(tmp_path, path) as (backend, store, p):
         (h,) = await sessions(store, "s")
         await h.append("feedback/record", 1)
         backend.fail_round = True
