@@ -33,6 +33,7 @@ from harness.session._json import (
     encode_storable_fast,
     snapshot_storable_fast,
 )
+from tests.test_json import REJECTED
 
 
 class Str(str):
@@ -64,7 +65,7 @@ def _odd_leaves() -> st.SearchStrategy[Any]:
     """Values orjson would write but the harness refuses, and values orjson refuses."""
     return st.sampled_from(
         [
-            (1, 2),
+            *REJECTED,
             (),
             Color.RED,
             Level.LOW,
@@ -73,19 +74,8 @@ def _odd_leaves() -> st.SearchStrategy[Any]:
             Point(),
             datetime.datetime(2026, 1, 1),
             orjson.Fragment(b"1"),
-            math.nan,
-            math.inf,
-            -math.inf,
-            -0.0,
-            2**64,
-            -(2**63) - 1,
             Str("s"),
             Int(3),
-            b"x",
-            {1, 2},
-            "\ud800",
-            {"\udfff": 1},
-            {1: "a"},
             {Str("k"): 1},
             {True: 1},
             object(),
