@@ -2,8 +2,9 @@
 """Developer entry point that needs nothing but Python 3.11+ and pip.
 
     python3 dev.py demo     # create .venv if needed, then run `harness demo`
-    python3 dev.py test     # create .venv if needed, then ruff, mypy --strict, pytest (on every
-                            # core), mkdocs + the browser check, harness chaos, harness fuzz
+    python3 dev.py test     # create .venv if needed, then ruff and mypy --strict beside
+                            # mkdocs + the browser check, pytest (on every core),
+                            # harness chaos, harness fuzz
     python3 dev.py bench    # `harness bench` with any extra arguments
 
 The virtual environment lives in `.venv/` next to this file and is rebuilt when
@@ -17,7 +18,9 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 import venv
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent
@@ -85,6 +88,46 @@ def _run(cmd: list[str], *, install: bool = False) -> None:
         sys.exit(completed.returncode)
 
 
+def _lanes(*lanes: list[list[str] | Callable[[], None]]) -> None:
+    """Run each lane's steps in order, the lanes side by side, and print each lane's
+    command output whole when the lane ends (so no two commands' lines interleave);
+    exit with the first failed command's status once every lane has ended. A step is
+    a command or a function (run in the lane's thread, printing as it goes). For
+    steps that keep at most one core busy each (mypy, mkdocs, apt-get's downloads):
+    side by side they share the two."""
+    results: list[tuple[str, int]] = [("", 0)] * len(lanes)
+
+    def run(i: int, lane: list[list[str] | Callable[[], None]]) -> None:
+        out: list[str] = []
+        for cmd in lane:
+            if callable(cmd):
+                try:
+                    cmd()
+                except Exception as exc:  # a failed step fails the lane, as a command's status does
+                    results[i] = ("".join(out) + f"dev.py: {cmd.__name__} failed: {exc!r}\n", 1)
+                    return
+                continue
+            out.append("+ " + " ".join(cmd) + "\n")
+            done = subprocess.run(cmd, cwd=ROOT, env=_child_env(), stdout=subprocess.PIPE,
+                                  stderr=subprocess.STDOUT, text=True, errors="replace")
+            out.append(done.stdout)
+            if done.returncode != 0:
+                results[i] = ("".join(out), done.returncode)
+                return
+        results[i] = ("".join(out), 0)
+
+    threads = [threading.Thread(target=run, args=(i, lane)) for i, lane in enumerate(lanes)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for text, _ in results:
+        print(text, end="", flush=True)
+    for _, code in results:
+        if code != 0:
+            sys.exit(code)
+
+
 def main(argv: list[str]) -> None:
     if not argv or argv[0] not in {"demo", "test", "bench"}:
         sys.exit(__doc__)
@@ -95,19 +138,22 @@ def main(argv: list[str]) -> None:
     elif command == "bench":
         _run([str(BIN / "harness"), "bench", *rest])
     else:
-        _ensure_system_packages()
-        _run([str(BIN / "ruff"), "check", "actors", "harness", "tests", "docs"])
-        _run([str(PY), "-m", "mypy"])
+        os.environ.setdefault("NO_MKDOCS_2_WARNING", "1")  # Material's end-of-life banner
+        _lanes(
+            # Lint and the strict type check.
+            [[str(BIN / "ruff"), "check", "actors", "harness", "tests", "docs"], [str(PY), "-m", "mypy"]],
+            # The packages some checks need; the docs site (mkdocs.yml): broken links and
+            # missing references fail the build. Then every page of the built site in
+            # headless Chromium at 1280 px: no code line, table or page wider than its
+            # column (skipped with a notice where Chromium is missing, an error under CI,
+            # where _ensure_system_packages installs it).
+            [_ensure_system_packages,
+             [str(BIN / "mkdocs"), "build", "--strict", "--quiet", "--site-dir", str(ROOT / "site")],
+             [str(PY), str(ROOT / "docs" / "_ext" / "browser_check.py"), str(ROOT / "site")]],
+        )
         # pytest-xdist: one worker per core; the PostgreSQL tests share one worker
         # (tests/conftest.py groups them), so one throwaway cluster serves them all.
         _run([str(PY), "-m", "pytest", "-q", "-n", "auto", "--dist", "loadgroup", *rest])
-        # The docs site (mkdocs.yml): broken links and missing references fail the build.
-        os.environ.setdefault("NO_MKDOCS_2_WARNING", "1")  # Material's end-of-life banner
-        _run([str(BIN / "mkdocs"), "build", "--strict", "--quiet", "--site-dir", str(ROOT / "site")])
-        # Every page of the built site in headless Chromium at 1280 px: no code line, table
-        # or page wider than its column (skipped with a notice where Chromium is missing,
-        # an error under CI, where _ensure_system_packages installs it).
-        _run([str(PY), str(ROOT / "docs" / "_ext" / "browser_check.py"), str(ROOT / "site")])
         # A bounded fault-exploration campaign over every built-in scenario on both
         # backends (docs/faults.md); it prints the steps explored per scenario and
         # canceller, and fails on any violation.

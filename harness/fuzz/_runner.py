@@ -13,7 +13,9 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Final
 
@@ -94,9 +96,40 @@ def run_hypothesis(root: Path, budget: str, workdir: Path) -> tuple[int, dict[st
     return code, counts, elapsed
 
 
+def _coverage_runs(targets: Sequence[str], seconds: int, root: Path, workdir: Path, update: bool,
+                   advance: Callable[..., None], say: Callable[[str, bool], None]) -> tuple[list[TargetRun], bool]:
+    """Each coverage-guided target in turn; (the runs, whether any failed)."""
+    runs: list[TargetRun] = []
+    failed = False
+    for target in targets:
+        say(f"+ coverage-guided fuzzing of {target} for {seconds}s", False)
+        advance(0, label=f"fuzz {target} ({seconds}s)")
+        run = run_coverage(target, seconds, root, workdir, update)
+        advance()
+        runs.append(run)
+        kept = []
+        for crash in run.crashes:
+            dest = Path.cwd() / f"fuzz-{target}-{crash.name}"
+            shutil.copy(crash, dest)
+            kept.append(dest)
+        if run.crashes:
+            failed = True
+            say(f"harness fuzz: {target} crashed; inputs kept: {', '.join(map(str, kept))} "
+                f"(replay: python -m harness.fuzz._coverage {target} 1 DIR INPUT)", True)
+        elif run.runs == 0:
+            failed = True
+            say(f"harness fuzz: {target}: the fuzzer reported no runs (exit {run.returncode})", True)
+    return runs, failed
+
+
+def _say(line: str, err: bool) -> None:
+    print(line, file=sys.stderr if err else sys.stdout, flush=True)
+
+
 def main(args: argparse.Namespace) -> int:
-    """Run the fuzz section: the Hypothesis fuzz tests, then each coverage-guided target;
-    print the cases explored per entry point. Exit status 1 on any failure or crash."""
+    """Run the fuzz section: the Hypothesis fuzz tests and, beside them (each is one
+    process on one core), each coverage-guided target in turn; print the cases explored
+    per entry point. Exit status 1 on any failure or crash."""
     root = repo_root()
     if root is None:
         print("harness fuzz: needs a source checkout (tests/ and tests/fuzz_corpus/)", file=sys.stderr)
@@ -110,10 +143,10 @@ def main(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="harness-fuzz-") as tmp:
         workdir = Path(tmp)
         counts: dict[str, int] = {}
-        if not args.no_hypothesis:
-            code, counts, h_elapsed = run_hypothesis(root, args.budget, workdir)
-            failed |= code != 0
         runs: list[TargetRun] = []
+        coverage: threading.Thread | None = None
+        said: list[tuple[str, bool]] = []
+        outcome: list[tuple[list[TargetRun], bool]] = []
         if not args.no_coverage:
             if importlib.util.find_spec("atheris") is None:
                 # A declared test dependency on Linux x86-64 (its only wheels): missing
@@ -123,29 +156,34 @@ def main(args: argparse.Namespace) -> int:
                       f"runs are {'missing' if required else 'SKIPPED on this platform'}", file=sys.stderr)
                 failed |= required
             else:
-                from harness.cli._output import progress
-
                 targets = args.target or TARGETS
-                with progress(sys.stderr, "fuzz", len(targets)) as advance:
-                    for target in targets:
-                        print(f"+ coverage-guided fuzzing of {target} for {seconds}s", flush=True)
-                        advance(0, label=f"fuzz {target} ({seconds}s)")
-                        run = run_coverage(target, seconds, root, workdir, args.update_corpus)
-                        advance()
-                        runs.append(run)
-                        kept = []
-                        for crash in run.crashes:
-                            dest = Path.cwd() / f"fuzz-{target}-{crash.name}"
-                            shutil.copy(crash, dest)
-                            kept.append(dest)
-                        if run.crashes:
-                            failed = True
-                            print(f"harness fuzz: {target} crashed; inputs kept: {', '.join(map(str, kept))} "
-                                  f"(replay: python -m harness.fuzz._coverage {target} 1 DIR INPUT)", file=sys.stderr)
-                        elif run.runs == 0:
-                            failed = True
-                            print(f"harness fuzz: {target}: the fuzzer reported no runs (exit {run.returncode})",
-                                  file=sys.stderr)
+                if args.no_hypothesis:
+                    from harness.cli._output import progress
+
+                    with progress(sys.stderr, "fuzz", len(targets)) as advance:
+                        outcome.append(_coverage_runs(targets, seconds, root, workdir, args.update_corpus, advance,
+                                                      _say))
+                else:
+                    # Beside the Hypothesis run, which owns the terminal meanwhile: no
+                    # bar, and the lines are printed once both have ended.
+                    coverage = threading.Thread(
+                        target=lambda: outcome.append(_coverage_runs(
+                            targets, seconds, root, workdir, args.update_corpus, lambda *a, **k: None,
+                            lambda line, err: said.append((line, err)))),
+                        name="harness-fuzz-coverage", daemon=True)
+                    coverage.start()
+        if not args.no_hypothesis:
+            code, counts, h_elapsed = run_hypothesis(root, args.budget, workdir)
+            failed |= code != 0
+        if coverage is not None:
+            coverage.join()
+            for line, err in said:
+                _say(line, err)
+        if outcome:
+            runs, cov_failed = outcome[0]
+            failed |= cov_failed
+        elif coverage is not None:
+            failed = True  # the thread died before it returned (its traceback is above)
         print("\nfuzz cases explored per entry point")
         width = max([len(k) for k in counts] + [40])
         for name, n in counts.items():
