@@ -108,7 +108,8 @@ def plan_batch(s: SessionState, drafts: Sequence[EventDraft], time_ms: int | Non
             op = d.surface_op
             if op is None:
                 continue
-            if seen_op and op != APPEND:
+            # The type first: an argument's own ``!=`` is never called (it may raise).
+            if seen_op and not (type(op) is str and op == APPEND):
                 needs_clone = True
                 break
             seen_op = True
@@ -194,8 +195,8 @@ def plan_one(
     raw_op: Any = _MISSING
     raw_src: Any = _MISSING
     if op is not None:
-        if op == APPEND and type(op) is str:
-            raw_op = APPEND  # the common case: a literal needs no snapshot
+        if type(op) is str and op == APPEND:
+            raw_op = APPEND  # the common case: a literal needs no snapshot (the type first: see plan)
         elif isinstance(op, ReplaceOp):
             raw_op = op.to_raw()
         else:
