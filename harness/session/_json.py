@@ -133,10 +133,45 @@ def _copy_fast(value: Any, depth: int) -> Any:
                 append(_copy_fast(v, depth + 1))
         return tuple(lst)
     if t is FrozenDict or t is FrozenList:
+        if depth + _view_depth(value) > MAX_STORABLE_DEPTH:
+            raise _TooDeep  # the exact verdict is the iterative walk's (storable or not)
         return value._raw
     if _valid_scalar(value, t):
         return value
     raise _Invalid
+
+
+def _raw_depth(raw: object) -> int:
+    """How many containers deep the raw tree ``raw`` nests (a scalar: 0; ``{}``: 1).
+    Iterative: a raw tree from a snapshot has no cycle and any depth."""
+    if type(raw) not in (dict, list, tuple):
+        return 0
+    deepest = 1
+    stack: list[tuple[Any, int]] = [(raw, 1)]
+    while stack:
+        node, level = stack.pop()
+        children = node.values() if type(node) is dict else node
+        for v in children:
+            vt = type(v)
+            if vt is dict or vt is list or vt is tuple:
+                if level + 1 > deepest:
+                    deepest = level + 1
+                stack.append((v, level + 1))
+    return deepest
+
+
+def _view_depth(v: Any) -> int:
+    """The depth of a frozen view's raw tree (see :func:`_raw_depth`), computed once
+    per view object: a view shared into a value counts its own levels too, so the
+    storable depth rule holds for data that nests a view (stop 34's reviewer: a
+    deep value made with ``freeze`` and nested in appended data was stored past the rule, and
+    past orjson's 254 levels every flush failed)."""
+    try:
+        depth: int = v._depth
+    except AttributeError:
+        depth = _raw_depth(v._raw)
+        object.__setattr__(v, "_depth", depth)
+    return depth
 
 
 def _snapshot_raw(value: object) -> RawJson:
@@ -156,6 +191,8 @@ def _snapshot_iterative(value: object, tuples: bool = False, max_depth: int | No
     limit = max_depth if max_depth is not None else -1
     t = type(value)
     if t is FrozenDict or t is FrozenList:
+        if limit >= 0 and _view_depth(value) > limit:
+            raise _Deep
         return value._raw  # type: ignore[attr-defined]
     if t is tuple and tuples:
         t = list
@@ -191,6 +228,8 @@ def _snapshot_iterative(value: object, tuples: bool = False, max_depth: int | No
                     descended = True
                     break
                 if vt is FrozenDict or vt is FrozenList:
+                    if limit >= 0 and len(stack) + _view_depth(v) > limit:
+                        raise _Deep
                     dst[k] = v._raw
                 elif _valid_scalar(v, vt):
                     dst[k] = v
@@ -214,6 +253,8 @@ def _snapshot_iterative(value: object, tuples: bool = False, max_depth: int | No
                     descended = True
                     break
                 if vt is FrozenDict or vt is FrozenList:
+                    if limit >= 0 and len(stack) + _view_depth(v) > limit:
+                        raise _Deep
                     append(v._raw)
                 elif _valid_scalar(v, vt):
                     append(v)
@@ -288,7 +329,11 @@ def _check_fast(value: Any, depth: int) -> None:
             if vt is not str and vt is not int:
                 _check_fast(v, depth + 1)
         return
-    if t is str or t is int or t is bool or value is None or t is FrozenDict or t is FrozenList:
+    if t is str or t is int or t is bool or value is None:
+        return
+    if t is FrozenDict or t is FrozenList:
+        if depth + _view_depth(value) > MAX_STORABLE_DEPTH:
+            raise _TooDeep
         return
     if t is float and math.isfinite(value) and not (value == 0.0 and math.copysign(1.0, value) < 0):
         return
@@ -515,7 +560,7 @@ class FrozenDict(_ReadOnlyView, Mapping[str, "JsonValue"]):
     ``orjson`` cannot serialise it directly: use :func:`raw_of` (or :func:`thaw`).
     """
 
-    __slots__ = ("_raw",)
+    __slots__ = ("_depth", "_raw")  # _depth: see _view_depth (unset until asked)
     _raw: dict[str, Any]
 
     def __init__(self, value: Mapping[str, object] | None = None) -> None:
@@ -557,7 +602,7 @@ class FrozenDict(_ReadOnlyView, Mapping[str, "JsonValue"]):
 class FrozenList(_ReadOnlyView, Sequence["JsonValue"]):
     """A read-only view of a JSON array. Mutation attempts raise ``TypeError``."""
 
-    __slots__ = ("_raw",)
+    __slots__ = ("_depth", "_raw")  # _depth: see _view_depth (unset until asked)
     _raw: list[Any] | tuple[Any, ...]
 
     def __init__(self, value: Sequence[object] = ()) -> None:
