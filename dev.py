@@ -95,21 +95,26 @@ def _lanes(*lanes: list[list[str] | Callable[[], None]]) -> None:
     a command or a function (run in the lane's thread, printing as it goes). For
     steps that keep at most one core busy each (mypy, mkdocs, apt-get's downloads):
     side by side they share the two."""
-    results: list[tuple[str, int]] = [("", 0)] * len(lanes)
+    # Failed until the lane says otherwise: a lane whose thread ends any other way
+    # (a command that cannot start, a step calling sys.exit) must not pass.
+    results: list[tuple[str, int]] = [("", 1)] * len(lanes)
 
     def run(i: int, lane: list[list[str] | Callable[[], None]]) -> None:
         out: list[str] = []
         for cmd in lane:
-            if callable(cmd):
-                try:
+            try:
+                if callable(cmd):
                     cmd()
-                except Exception as exc:  # a failed step fails the lane, as a command's status does
-                    results[i] = ("".join(out) + f"dev.py: {cmd.__name__} failed: {exc!r}\n", 1)
-                    return
-                continue
-            out.append("+ " + " ".join(cmd) + "\n")
-            done = subprocess.run(cmd, cwd=ROOT, env=_child_env(), stdout=subprocess.PIPE,
-                                  stderr=subprocess.STDOUT, text=True, errors="replace")
+                    continue
+                out.append("+ " + " ".join(cmd) + "\n")
+                done = subprocess.run(cmd, cwd=ROOT, env=_child_env(), stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, text=True, errors="replace")
+            except BaseException as exc:  # a failed step fails the lane, as a command's status does
+                # (BaseException: SystemExit in a thread would end it silently.)
+                name = getattr(cmd, "__name__", None) or " ".join(cmd)  # type: ignore[arg-type]
+                code = exc.code if isinstance(exc, SystemExit) and isinstance(exc.code, int) and exc.code else 1
+                results[i] = ("".join(out) + f"dev.py: {name} failed: {exc!r}\n", code)
+                return
             out.append(done.stdout)
             if done.returncode != 0:
                 results[i] = ("".join(out), done.returncode)
