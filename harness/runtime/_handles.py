@@ -44,7 +44,7 @@ from harness.session import (
 from harness.session._derive import DeriveCache
 from harness.session._json import view
 from harness.session._log import Log
-from harness.session._planning import storable_copy
+from harness.session._planning import check_type, shown, storable_copy
 from harness.session._request_header import canonical_header
 
 if TYPE_CHECKING:
@@ -329,6 +329,7 @@ class SessionHandle:
         ``trio.WouldBlock`` when the actor's mailbox is full (nothing queued).
         """
         ref = self._ref()
+        check_type(self.id, type)  # the planner's refusal, before the copy names the type
         # The planner's storable copy, not ``freeze``: the queued view is shared by the
         # planner without a depth walk, so its depth is checked here as an append's is
         # (the same refusals, the same messages).
@@ -364,7 +365,7 @@ class SessionHandle:
                 # Refused here: the session actor reads a draft's fields, and anything
                 # but a HarnessError there crashes it (the session stops being live).
                 raise EventError(
-                    f'session "{self.id}" batch item {d!r} is not an EventDraft', session_id=self.id
+                    f'session "{self.id}" batch item {shown(d)} is not an EventDraft', session_id=self.id
                 )
         return await self._call(Append(batch))  # type: ignore[no-any-return]
 

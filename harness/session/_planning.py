@@ -58,6 +58,22 @@ class AppendPlan:
     validator_state: Any
 
 
+def shown(value: object) -> str:
+    """``repr(value)`` for an error message about a caller's argument, which never
+    raises: an argument's own ``__repr__`` may (it would escape typed refusals and
+    crash the session actor)."""
+    try:
+        return repr(value)
+    except Exception:
+        return f"<{type(value).__name__} object>"
+
+
+def check_type(session_id: str, type_: object) -> None:
+    """:class:`EventError` unless an event's ``type_`` is a string."""
+    if type(type_) is not str:
+        raise EventError(f"session event type must be a string, got {shown(type_)}", session_id=session_id)
+
+
 def label(type_: str) -> str:
     return f'session event "{type_}"'
 
@@ -85,7 +101,7 @@ def checked_time(s: SessionState, now: Any) -> int:
         # otherwise fail half-way through the commit (or later, in the
         # write-behind encoder).
         raise EventError(
-            f'session "{s.id}" clock returned {now!r}; an event time must be a '
+            f'session "{s.id}" clock returned {shown(now)}; an event time must be a '
             "safe integer of milliseconds"
         )
     return now
@@ -128,7 +144,7 @@ def plan_batch(s: SessionState, drafts: Sequence[EventDraft], time_ms: int | Non
         event, sp = plan_one(s, d.type, d.data, d.surface_op, d.source_event_seqs, seq, at, state, event_at)
         if d.ignorable is not False:
             if d.ignorable is not True:
-                raise EventError(f"ignorable must be a bool, got {d.ignorable!r}", session_id=s._sid)
+                raise EventError(f"ignorable must be a bool, got {shown(d.ignorable)}", session_id=s._sid)
             event = attrs.evolve(event, ignorable=True)
         if validator is not None:
             vstate = validator.check(vstate, event)
@@ -151,8 +167,7 @@ def plan_one(
     event_at: Callable[[int], Event],
 ) -> tuple[Event, SurfacePlan]:
     """The event ``seq`` a draft makes, and its surface plan against ``state``."""
-    if type(type_) is not str:
-        raise EventError(f"session event type must be a string, got {type_!r}", session_id=s._sid)
+    check_type(s._sid, type_)
     # The common shapes (a plain surface append, a log-only event) need no surface
     # planning: the checks plan_surface would make are these.
     common: SurfacePlan | None = None
@@ -197,7 +212,7 @@ def plan_one(
     if op is not None:
         if type(op) is str and op == APPEND:
             raw_op = APPEND  # the common case: a literal needs no snapshot (the type first: see plan)
-        elif isinstance(op, ReplaceOp):
+        elif issubclass(type(op), ReplaceOp):  # not isinstance: it reads an argument's __class__
             raw_op = op.to_raw()
         else:
             ok, raw_op = try_snapshot_raw(op)
