@@ -14,11 +14,12 @@ from typing import Any
 import orjson
 import pytest
 
+import harness.session._json as json_module
 from harness.errors import NotJsonError, PersistenceArgumentError
 from harness.persistence import JsonlBackend, open_persistence
 from harness.runtime import open_store
 from harness.session import EventDraft, Session, freeze, thaw
-from harness.session._json import _raw_depth, _view_depth
+from harness.session._json import _ORJSON_LEVELS, _raw_depth, _view_depth, _view_fits
 
 DEEP = 'session event "x/y" carries data nested more than 200 levels deep'
 DEEP_FEEDBACK = DEEP.replace("x/y", "feedback/record")
@@ -30,6 +31,32 @@ def nested(depth: int) -> Any:
     for k in range(depth - 1):
         value = [value] if k % 2 else {"k": value}
     return value
+
+
+@pytest.fixture(params=["orjson", "walk"])
+def measure(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Both ways a view's depth is judged: orjson's encode of the wrapped tree, and the
+    walk (what runs where orjson's limit is not the probed 254)."""
+    if request.param == "walk":
+        monkeypatch.setattr(json_module, "_ORJSON_LEVELS", None)
+    return str(request.param)
+
+
+def test_orjson_writes_254_levels_as_the_probe_says() -> None:
+    assert _ORJSON_LEVELS == 254
+    orjson.dumps(nested(254))
+    with pytest.raises(orjson.JSONEncodeError):
+        orjson.dumps(nested(255))
+
+
+@pytest.mark.parametrize("depth", [1, 150, 199, 200, 201, 254, 255, 400])
+@pytest.mark.parametrize("budget", [1, 150, 200, 202])
+def test_view_fits_is_exact_either_way(depth: int, budget: int, measure: str) -> None:
+    view = freeze(nested(depth))
+    assert _view_fits(view, budget) is (depth <= budget)
+    # Asked again (a kept bound or depth), the same answer.
+    assert _view_fits(view, budget) is (depth <= budget)
+    assert _view_fits(view, budget - 1) is (depth <= budget - 1)
 
 
 def fresh() -> Session:
@@ -46,7 +73,7 @@ def test_raw_depth_counts_containers(depth: int) -> None:
 
 @pytest.mark.parametrize("outer", [0, 1, 10, 49, 60])
 @pytest.mark.parametrize("derived", [False, True], ids=["json-kept", "tree"])
-def test_a_nested_view_counts_its_own_levels(outer: int, derived: bool) -> None:
+def test_a_nested_view_counts_its_own_levels(outer: int, derived: bool, measure: str) -> None:
     s = fresh()
     if derived:
         s.derive_messages()  # surface events keep trees now; x/y is log-only either way
@@ -73,7 +100,7 @@ def test_a_nested_view_counts_its_own_levels(outer: int, derived: bool) -> None:
     assert [e.seq for e in s.events] == [0]
 
 
-def test_a_view_as_the_whole_data() -> None:
+def test_a_view_as_the_whole_data(measure: str) -> None:
     s = fresh()
     assert _raw_depth(thaw(s.append("x/y", freeze(nested(200))).data)) == 200
     with pytest.raises(NotJsonError, match=DEEP):
