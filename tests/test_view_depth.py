@@ -18,7 +18,7 @@ import harness.session._json as json_module
 from harness.errors import NotJsonError, PersistenceArgumentError
 from harness.persistence import JsonlBackend, open_persistence
 from harness.runtime import open_store
-from harness.session import EventDraft, Session, freeze, thaw
+from harness.session import Event, EventDraft, Session, freeze, thaw
 from harness.session._json import _ORJSON_LEVELS, _raw_depth, _view_depth, _view_fits
 
 DEEP = 'session event "x/y" carries data nested more than 200 levels deep'
@@ -132,3 +132,24 @@ async def test_through_the_actor_and_to_disk(tmp_path: Path, caplog: pytest.LogC
         with pytest.raises(PersistenceArgumentError, match="nested more than 200 levels deep"):
             await p.append("s", [{"type": "feedback/record", "seq": 1, "time": 1, "data": {"m": freeze(nested(200))}}])
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+
+
+@pytest.mark.parametrize("data", ["view", "raw"])
+async def test_a_seed_of_events_built_by_the_caller_keeps_the_rule(tmp_path: Path, data: str, measure: str) -> None:
+    """The first reviewer: a seed of :class:`Event` objects was adopted without a depth
+    check (seed records had one), so a 300-level value was seeded and every flush of
+    the session failed."""
+    def make(depth: int) -> object:
+        return freeze(nested(depth)) if data == "view" else nested(depth)
+
+    ok = Event("feedback/record", 0, 1, make(200))  # type: ignore[arg-type]
+    async with open_store() as store, open_persistence(store, JsonlBackend(tmp_path)) as p:
+        for depth in (201, 300):
+            bad = Event("feedback/record", 1, 1, make(depth))  # type: ignore[arg-type]
+            with pytest.raises(NotJsonError, match="seed event at index 1 carries data nested more than 200 levels"):
+                await store.create("s", cwd="/x", seed=[ok, bad])
+        h = await store.create("s", cwd="/x", seed=[ok])
+        await h.flush()
+        loaded = await p.load("s")
+        assert loaded.events[0].type == "feedback/record"
+        assert _raw_depth(thaw(loaded.events[0].data)) == 200

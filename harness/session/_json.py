@@ -218,19 +218,39 @@ def _view_fits(v: Any, budget: int) -> bool:
             return True
     except AttributeError:
         pass
-    levels = _ORJSON_LEVELS
-    if levels is not None and 0 <= budget <= levels:
-        wrapped: Any = v._raw
-        for _ in range(levels - budget):
-            wrapped = [wrapped]
-        try:
-            _dumps(wrapped)
-        except orjson.JSONEncodeError:
-            pass  # too deep, or anything else: the walk gives the verdict
-        else:
-            object.__setattr__(v, "_bound", budget)
-            return True
+    if _encodes_within(v._raw, budget):
+        object.__setattr__(v, "_bound", budget)
+        return True
     return _view_depth(v) <= budget
+
+
+def _encodes_within(raw: object, budget: int) -> bool:
+    """True if orjson shows the raw tree ``raw`` nests at most ``budget`` containers
+    (see :func:`_view_fits`); False means "ask the walk", not "too deep"."""
+    levels = _ORJSON_LEVELS
+    if levels is None or not 0 <= budget <= levels:
+        return False
+    wrapped: Any = raw
+    for _ in range(levels - budget):
+        wrapped = [wrapped]
+    try:
+        _dumps(wrapped)
+    except orjson.JSONEncodeError:
+        return False  # too deep, or anything else: the walk gives the verdict
+    return True
+
+
+def raw_storable_depth(raw: object) -> bool:
+    """Whether an event's data as an :class:`Event` holds it (a raw tree, a frozen
+    view, or its JSON bytes, decision 0023) nests at most
+    :data:`MAX_STORABLE_DEPTH` containers: for events a caller built, which no
+    append measured (a ``create`` seed of :class:`Event` objects)."""
+    t = type(raw)
+    if t is FrozenDict or t is FrozenList:
+        return _view_fits(raw, MAX_STORABLE_DEPTH)
+    if t is dict or t is list or t is tuple:
+        return _encodes_within(raw, MAX_STORABLE_DEPTH) or _raw_depth(raw) <= MAX_STORABLE_DEPTH
+    return True  # a scalar, or bytes this harness encoded (checked as they were made)
 
 
 def _snapshot_raw(value: object) -> RawJson:

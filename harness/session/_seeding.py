@@ -27,7 +27,12 @@ from harness.session._events import (
 )
 from harness.session._gc import gc_paused
 from harness.session._header import SessionHeader, validate_header_record
-from harness.session._json import MAX_STORABLE_DEPTH, RawJson, try_snapshot_storable
+from harness.session._json import (
+    MAX_STORABLE_DEPTH,
+    RawJson,
+    raw_storable_depth,
+    try_snapshot_storable,
+)
 from harness.session._log import APPEND_OP, INTERNED, NO_OP
 from harness.session._planning import LEGACY_DELTA, is_fallback_header
 from harness.session._shape import MESSAGE_TYPES, check_message_shape, check_request_header
@@ -50,6 +55,11 @@ def seed_items(s: SessionState, session_id: str, seed: Sequence[Event | dict[str
     caller pauses the collector."""
     for i, item in enumerate(seed):
         if isinstance(item, Event):
+            # An Event built by the caller was never measured by an append (the
+            # first reviewer: a frozen 300-level value was seeded, then every flush
+            # failed).
+            if not raw_storable_depth(item.raw_data):
+                raise _seed_too_deep(i, session_id)
             seed_one(s, i, item.type, item.raw_data, item, None)
             continue
         # The record wraps its data one level deeper: the append rule (data at
@@ -57,17 +67,21 @@ def seed_items(s: SessionState, session_id: str, seed: Sequence[Event | dict[str
         why, rec = try_snapshot_storable(item, MAX_STORABLE_DEPTH + 1)
         if why == "too deep":
             # Refused here: accepted, it would fail every write-behind flush.
-            raise NotJsonError(
-                f"seed event at index {i} carries data nested more than {MAX_STORABLE_DEPTH} "
-                "levels deep, which cannot be stored",
-                session_id=session_id,
-            )
+            raise _seed_too_deep(i, session_id)
         if why is not None:
             raise EventError(
                 f"seed event at index {i} is not losslessly JSON-serializable",
                 session_id=session_id,
             )
         seed_record(s, i, rec)
+
+
+def _seed_too_deep(i: int, session_id: str) -> NotJsonError:
+    return NotJsonError(
+        f"seed event at index {i} carries data nested more than {MAX_STORABLE_DEPTH} "
+        "levels deep, which cannot be stored",
+        session_id=session_id,
+    )
 
 
 def restored_header(header: dict[str, Any] | SessionHeader, session_id: str) -> SessionHeader:
