@@ -44,7 +44,7 @@ def halves(monkeypatch: pytest.MonkeyPatch) -> dict[str, object]:
         crashes = [workdir / f"crash-{target}"] if state["crash"] == target else []
         for c in crashes:
             c.write_bytes(b"x")
-        return _runner.TargetRun(target, 10, 1.0, crashes, 0, 0)
+        return _runner.TargetRun(target, 10, 1.0, crashes, 0, 0, "libFuzzer: deadly signal\n" if crashes else "")
 
     monkeypatch.setattr(_runner, "run_hypothesis", run_hypothesis)
     monkeypatch.setattr(_runner, "run_coverage", run_coverage)
@@ -73,6 +73,9 @@ def test_a_crash_beside_the_hypothesis_half_fails_the_section(
     assert _runner.main(_args()) == 1
     captured = capsys.readouterr()
     assert "harness fuzz: jsonl-zstd crashed; inputs kept:" in captured.err
+    # The fuzzer's own output comes with its verdict, after the Hypothesis half, not
+    # in the middle of it.
+    assert captured.err.index("libFuzzer: deadly signal") < captured.err.index("jsonl-zstd crashed")
     assert (tmp_path / "fuzz-jsonl-zstd-crash-jsonl-zstd").read_bytes() == b"x"
     assert captured.out.rstrip().endswith("FAILED")
 
@@ -101,3 +104,21 @@ def test_coverage_alone_runs_in_the_foreground(halves: dict[str, object], capsys
     assert _runner.main(_args(no_hypothesis=True, target=["sqlite-rows"])) == 0
     assert halves["order"] == ["sqlite-rows"]
     assert "hypothesis section" not in capsys.readouterr().out
+
+
+def test_runs_that_ended_before_the_thread_died_are_reported(halves: dict[str, object], monkeypatch: pytest.MonkeyPatch,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    real = _runner.run_coverage
+
+    def second_fails(target: str, *a: object) -> _runner.TargetRun:
+        if target != _runner.TARGETS[0]:
+            halves["started"].set()  # type: ignore[attr-defined]
+            raise OSError("no such fuzzer")
+        return real(target, *a)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(_runner, "run_coverage", second_fails)
+    monkeypatch.setattr(threading, "excepthook", lambda args: None)
+    assert _runner.main(_args()) == 1
+    out = capsys.readouterr().out
+    assert f"coverage-guided: {_runner.TARGETS[0]}" in out
+    assert out.rstrip().endswith("FAILED")

@@ -57,6 +57,10 @@ class TargetRun:
     crashes: list[Path]
     returncode: int
     new_inputs: int
+    #: The fuzzer's output tail when it crashed or reported no runs (printed by the
+    #: section with the target's verdict, not as it happens: the runs may go on
+    #: beside the Hypothesis half).
+    output: str = ""
 
 
 def run_coverage(target: str, seconds: int, root: Path, workdir: Path, update: bool) -> TargetRun:
@@ -73,13 +77,12 @@ def run_coverage(target: str, seconds: int, root: Path, workdir: Path, update: b
     m = _DONE.search(output) or _STAT_RUNS.search(output)
     runs = int(m.group(1)) if m else 0
     crashes = sorted(p for p in work.iterdir() if p.name.startswith(("crash-", "timeout-", "oom-", "leak-")))
-    if crashes or (proc.returncode != 0 and not m):
-        sys.stderr.write(output.decode("utf-8", "replace")[-6000:])
+    tail = output.decode("utf-8", "replace")[-6000:] if crashes or (proc.returncode != 0 and not m) else ""
     new = sorted((work / "corpus").iterdir())
     if update and seeds.is_dir():
         for p in new:
             shutil.copy(p, seeds / p.name)
-    return TargetRun(target, runs, elapsed, crashes, proc.returncode, len(new))
+    return TargetRun(target, runs, elapsed, crashes, proc.returncode, len(new), tail)
 
 
 def run_hypothesis(root: Path, budget: str, workdir: Path) -> tuple[int, dict[str, int], float]:
@@ -97,9 +100,9 @@ def run_hypothesis(root: Path, budget: str, workdir: Path) -> tuple[int, dict[st
 
 
 def _coverage_runs(targets: Sequence[str], seconds: int, root: Path, workdir: Path, update: bool,
-                   advance: Callable[..., None], say: Callable[[str, bool], None]) -> tuple[list[TargetRun], bool]:
-    """Each coverage-guided target in turn; (the runs, whether any failed)."""
-    runs: list[TargetRun] = []
+                   advance: Callable[..., None], say: Callable[[str, bool], None], runs: list[TargetRun]) -> bool:
+    """Each coverage-guided target in turn, each run appended to ``runs`` as it ends
+    (kept if a later one raises); whether any failed."""
     failed = False
     for target in targets:
         say(f"+ coverage-guided fuzzing of {target} for {seconds}s", False)
@@ -107,6 +110,8 @@ def _coverage_runs(targets: Sequence[str], seconds: int, root: Path, workdir: Pa
         run = run_coverage(target, seconds, root, workdir, update)
         advance()
         runs.append(run)
+        if run.output:
+            say(run.output.rstrip("\n"), True)
         kept = []
         for crash in run.crashes:
             dest = Path.cwd() / f"fuzz-{target}-{crash.name}"
@@ -119,7 +124,7 @@ def _coverage_runs(targets: Sequence[str], seconds: int, root: Path, workdir: Pa
         elif run.runs == 0:
             failed = True
             say(f"harness fuzz: {target}: the fuzzer reported no runs (exit {run.returncode})", True)
-    return runs, failed
+    return failed
 
 
 def _say(line: str, err: bool) -> None:
@@ -146,7 +151,7 @@ def main(args: argparse.Namespace) -> int:
         runs: list[TargetRun] = []
         coverage: threading.Thread | None = None
         said: list[tuple[str, bool]] = []
-        outcome: list[tuple[list[TargetRun], bool]] = []
+        outcome: list[bool] = []  # whether the coverage runs failed, once they returned
         if not args.no_coverage:
             if importlib.util.find_spec("atheris") is None:
                 # A declared test dependency on Linux x86-64 (its only wheels): missing
@@ -162,14 +167,14 @@ def main(args: argparse.Namespace) -> int:
 
                     with progress(sys.stderr, "fuzz", len(targets)) as advance:
                         outcome.append(_coverage_runs(targets, seconds, root, workdir, args.update_corpus, advance,
-                                                      _say))
+                                                      _say, runs))
                 else:
                     # Beside the Hypothesis run, which owns the terminal meanwhile: no
                     # bar, and the lines are printed once both have ended.
                     coverage = threading.Thread(
                         target=lambda: outcome.append(_coverage_runs(
                             targets, seconds, root, workdir, args.update_corpus, lambda *a, **k: None,
-                            lambda line, err: said.append((line, err)))),
+                            lambda line, err: said.append((line, err)), runs)),
                         name="harness-fuzz-coverage", daemon=True)
                     coverage.start()
         if not args.no_hypothesis:
@@ -180,8 +185,7 @@ def main(args: argparse.Namespace) -> int:
             for line, err in said:
                 _say(line, err)
         if outcome:
-            runs, cov_failed = outcome[0]
-            failed |= cov_failed
+            failed |= outcome[0]
         elif coverage is not None:
             failed = True  # the thread died before it returned (its traceback is above)
         print("\nfuzz cases explored per entry point")
