@@ -69,9 +69,16 @@ def shown(value: object) -> str:
 
 
 def check_type(session_id: str, type_: object) -> None:
-    """:class:`EventError` unless an event's ``type_`` is a string."""
+    """:func:`type_error` unless an event's ``type_`` is a string (for a caller whose
+    parameter named ``type`` hides the builtin, as ``append_nowait``'s)."""
     if type(type_) is not str:
-        raise EventError(f"session event type must be a string, got {shown(type_)}", session_id=session_id)
+        raise type_error(session_id, type_)
+
+
+def type_error(session_id: str, type_: object) -> EventError:
+    """The refusal of an event ``type_`` that is not a string (the caller tests
+    ``type(type_) is not str`` inline: the append hot path pays no call for it)."""
+    return EventError(f"session event type must be a string, got {shown(type_)}", session_id=session_id)
 
 
 def label(type_: str) -> str:
@@ -167,7 +174,8 @@ def plan_one(
     event_at: Callable[[int], Event],
 ) -> tuple[Event, SurfacePlan]:
     """The event ``seq`` a draft makes, and its surface plan against ``state``."""
-    check_type(s._sid, type_)
+    if type(type_) is not str:
+        raise type_error(s._sid, type_)
     # The common shapes (a plain surface append, a log-only event) need no surface
     # planning: the checks plan_surface would make are these.
     common: SurfacePlan | None = None
