@@ -37,9 +37,9 @@ BROWSERS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stab
 # Runs in the checking page: loads the site's pages into FRAMES frames side by side (each
 # takes the next page not yet taken when its last one is measured), measures each page,
 # and writes the findings into the DOM, in the pages' order, which `--dump-dom` prints
-# once every page has been seen. Side by side because a page's wait under the virtual
-# clock is mostly the browser's frame pacing, not CPU: one frame at a time took ~0.4 s
-# of real time per page (30 s for 58 pages, 6 s of it CPU).
+# once every page has been seen. Side by side because the time is Chromium's rendering,
+# not waiting (no page loads anything from outside the site): one frame at a time took
+# 30 s for 58 pages, 8 frames take 14 s with both cores busy (vmstat).
 PROBE = r"""
 const PAGES = %(pages)s;
 const out = new Array(PAGES.length);
