@@ -210,6 +210,34 @@ class ActorRef(Generic[M]):
         assert env.result is not None
         return env.result.unwrap()
 
+    def call_nowait(self, message: M) -> Any:
+        """Handle ``message`` now, on the calling task, and return the handler's result
+        (or raise its exception), if it is one of the actor's ``inline_messages`` types
+        and the actor is idle; else raise ``trio.WouldBlock`` with nothing sent.
+
+        Synchronous, so not a checkpoint (Trio's ``*_nowait`` rule): the caller owns
+        the schedule point that :meth:`call` would have been, e.g. a wait that follows
+        for the message's effect. It never sees a cancellation, so a caller that wants
+        :meth:`call`'s contract checks for one first
+        (``trio.lowlevel.checkpoint_if_cancelled``) and, once this returned, does not
+        report ``Cancelled`` for a message that was applied.
+
+        Errors: as :meth:`call`'s inline path (a rejection is raised to the caller and
+        the actor goes on; any other exception crashes the actor and is raised);
+        :class:`ActorStoppedError` if the actor no longer accepts messages."""
+        self._check()
+        if type(message) not in self._cell.inline or not self._mailbox.borrow():
+            raise trio.WouldBlock
+        try:
+            result = self._cell.handle_inline(message)
+        except BaseException as exc:
+            # Raised outside this block: no implicit ``__context__`` on the error.
+            error = self._inline_failed(exc)
+        else:
+            self._mailbox.end_borrow()
+            return result
+        raise error
+
     async def _call_inline(self, message: M) -> Any:
         """Handle ``message`` on this task, the mailbox borrowed (:meth:`call` took it:
         the actor is parked and idle): a rejection is this caller's reply; any other

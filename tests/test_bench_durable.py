@@ -30,8 +30,12 @@ def test_durable_and_batched_workloads_report_their_floors() -> None:
     done = run("bench", "W9", "W10", "W11", "M1", "--n", "200", "--runs", "1", "--json")
     assert done.returncode == 0, done.stderr.decode()
     data = orjson.loads(done.stdout)
-    assert set(data) == {"W9", "W9-sqlite", "W10", "W10-sqlite", "W11", "M1"}
-    for key, n, batch in [("W9", 200, 1), ("W9-sqlite", 200, 1), ("W10", 200, 50), ("W10-sqlite", 200, 50), ("W11", 200, 50)]:
+    durable = {f"{base}{form}{kind}" for base in ("W9", "W10") for form in ("", "-durable") for kind in ("", "-sqlite")}
+    assert set(data) == durable | {"W11", "M1"}
+    for key, n, batch in [
+        *((key, 200, 1 if key.startswith("W9") else 50) for key in sorted(durable)),
+        ("W11", 200, 50),
+    ]:
         entry = data[key]
         check_ratio(entry)
         assert entry["n"] == n and entry["batch"] == batch
@@ -39,8 +43,8 @@ def test_durable_and_batched_workloads_report_their_floors() -> None:
         assert entry["floor_per_message_us"] == pytest.approx(entry["floor_ms"] * 1000 / n, rel=1e-2)
         if key != "W11":
             assert "overhead_per_message_us" in entry
-    assert data["W9"]["backend"] == data["W10"]["backend"] == "jsonl"
-    assert data["W9-sqlite"]["backend"] == data["W10-sqlite"]["backend"] == "sqlite"
+    assert data["W9"]["backend"] == data["W10"]["backend"] == data["W9-durable"]["backend"] == "jsonl"
+    assert data["W9-sqlite"]["backend"] == data["W10-durable-sqlite"]["backend"] == "sqlite"
     m1 = data["M1"]
     assert m1["n"] == 200 and m1["floor_ms"] is None and m1["ratio"] is None
     assert m1["retained_bytes"] > 0 and m1["file_bytes"] > 0
@@ -50,7 +54,10 @@ def test_durable_and_batched_workloads_report_their_floors() -> None:
 def test_backend_option_selects_the_durable_backend() -> None:
     done = run("bench", "W9", "--n", "100", "--runs", "1", "--json", "--backend", "sqlite")
     assert done.returncode == 0, done.stderr.decode()
-    assert set(orjson.loads(done.stdout)) == {"W9-sqlite"}
+    assert set(orjson.loads(done.stdout)) == {"W9-sqlite", "W9-durable-sqlite"}
+    done = run("bench", "W9-durable", "--n", "100", "--runs", "1", "--json")
+    assert done.returncode == 0, done.stderr.decode()
+    assert set(orjson.loads(done.stdout)) == {"W9-durable"}
     done = run("bench", "W10-sqlite", "--n", "100", "--runs", "1", "--json")
     assert done.returncode == 0, done.stderr.decode()
     assert set(orjson.loads(done.stdout)) == {"W10-sqlite"}

@@ -14,9 +14,11 @@ pytestmark = pytest.mark.slow
 
 def test_w17_reports_throughput_latency_and_the_ratios_to_one_session() -> None:
     results = {r.key: r for r in _concurrency.w17(200, 1, backends=("jsonl", "sqlite"), levels=(1, 8), seconds=0.2)}
-    assert set(results) == {"W17-jsonl-1", "W17-jsonl-8", "W17-sqlite-1", "W17-sqlite-8"}
-    for kind in ("jsonl", "sqlite"):
-        one, eight = results[f"W17-{kind}-1"].extra, results[f"W17-{kind}-8"].extra
+    forms = ("W17", "W17-durable")  # append + flush, and append(durable=True)
+    assert set(results) == {f"{form}-{kind}-{k}" for form in forms for kind in ("jsonl", "sqlite") for k in (1, 8)}
+    assert results["W17-durable-jsonl-8"].note == "append(durable=True), all sessions at once"
+    for form, kind in ((form, kind) for form in forms for kind in ("jsonl", "sqlite")):
+        one, eight = results[f"{form}-{kind}-1"].extra, results[f"{form}-{kind}-8"].extra
         assert one["sessions"] == 1 and eight["sessions"] == 8 and one["backend"] == kind
         # The message cap is checked before each append: at most one more per session.
         assert 0 < one["acks"] <= 200 and 0 < eight["acks"] <= 200 + 7
@@ -38,4 +40,5 @@ def test_w18_reports_the_verdict_with_the_throughput() -> None:
 def test_w17_and_w18_are_listed_and_take_the_backend_option() -> None:
     assert {"W17", "W18"} <= set(WORKLOADS) and {"W17", "W18"} <= set(DESCRIPTIONS)
     assert _VARIANT_OF["W17-postgres-512"] == "W17" and _VARIANT_OF["W18-postgres"] == "W18"
+    assert _VARIANT_OF["W17-durable-sqlite-64"] == "W17"
     assert _procs.backends_of("all") == ("jsonl", "sqlite") and _procs.backends_of("sqlite") == ("sqlite",)

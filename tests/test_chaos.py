@@ -68,7 +68,7 @@ def test_chaos_table_list_replay_and_usage_errors(capsys: pytest.CaptureFixture[
     assert lines[-1].endswith("s") and " 0 violation(s) in 0 group(s)" in lines[-1]
 
     code, out, _ = chaos(capsys, "--list")
-    assert code == 0 and len([ln for ln in out.splitlines() if not ln.startswith(" ")]) == len(builtin_scenarios()) == 35
+    assert code == 0 and len([ln for ln in out.splitlines() if not ln.startswith(" ")]) == len(builtin_scenarios()) == 37
     assert "agent-turn/sqlite" in out and "agent-cancel" in out
     assert "resume/jsonl-zstd" in out and "fork/jsonl-zstd" not in out  # the zstd kind's subset
     assert "write-behind/postgres" in out and "resume/postgres" not in out  # the postgres kind's

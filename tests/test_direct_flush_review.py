@@ -60,9 +60,9 @@ class Spy:
         self.calls: list[str] = []
         direct, general = SessionWriter.flush_direct, SessionWriter.flush
 
-        async def flush_direct(w: SessionWriter) -> None:
+        async def flush_direct(w: SessionWriter, shielded: bool = False) -> None:
             self.calls.append("direct")
-            await direct(w)
+            await direct(w, shielded)
 
         async def flush(w: SessionWriter) -> None:
             self.calls.append("flush")

@@ -56,14 +56,15 @@ DESCRIPTIONS: dict[str, str] = {
     "W6": "one replace over a large surface",
     "W7": "resume from disk",
     "W8": "compaction of an agent session and the derive rebuild",
-    "W9": "durable appends through the actor, one flush each (W9-sqlite)",
-    "W10": "durable batches of 50, one flush each (W10-sqlite)",
+    "W9": "durable appends through the actor, one flush each (W9-sqlite; W9-durable: append(durable=True))",
+    "W10": "durable batches of 50, one flush each (W10-sqlite; W10-durable: one call each)",
     "W11": "in-memory batches through the actor",
     "W12": "close a store of many live sessions",
     "W13": "the fault explorer's own cost per attempt on a 10-task scenario",
     "W15": "streamed tool-call arguments of 1, 3 and 10 MB (agent turn, provider parse, SSE line)",
     "W16": "appends with one owner-scoped listener per agent, 1 to 10,000 agents",
-    "W17": "1, 8, 64, 512 sessions in one process appending durably at once (issue 26's W12)",
+    "W17": "1, 8, 64, 512 sessions in one process appending durably at once (issue 26's W12; "
+    "W17-durable-*: append(durable=True))",
     "W18": "8 processes x 50 sessions, bursts of appends on one SQLite file / PostgreSQL database; "
     "0 errors, 0 lost, 0 reordered (issue 26's W13)",
     "M1": "memory retained by a restored session",
@@ -71,9 +72,12 @@ DESCRIPTIONS: dict[str, str] = {
 """One line per workload, for ``harness bench --help`` (docs/architecture.md, Performance)."""
 
 _VARIANT_OF = {"W2b": "W2", "W4-snapshot": "W4", "W1-actor": "W1", "W1-actor-batch": "W1", "W5-write": "W5", "W5-load": "W5", "W4-disk": "W5", "W9-sqlite": "W9", "W10-sqlite": "W10"}
+_VARIANT_OF.update({f"{base}-durable{kind}": base for base in ("W9", "W10") for kind in ("", "-sqlite")})
 _VARIANT_OF.update({f"W15{kind}-{mb}MB": "W15" for kind in ("", "-provider", "-sse") for mb in _streaming.SIZES_MB})
 _VARIANT_OF.update({f"W16-{count}": "W16" for count in _scoped.AGENTS})
-_VARIANT_OF.update({f"W17-{kind}-{k}": "W17" for kind in _concurrency.BACKENDS for k in _concurrency.LEVELS})
+_VARIANT_OF.update(
+    {f"W17{form}-{kind}-{k}": "W17" for form in ("", "-durable") for kind in _concurrency.BACKENDS for k in _concurrency.LEVELS}
+)
 _VARIANT_OF.update({f"W18-{kind}": "W18" for kind in _procs.BACKENDS})
 
 

@@ -62,8 +62,12 @@ def percentile(samples: Sequence[float], q: float) -> float:
     return ordered[rank - 1]
 
 
-def run_level(make: Callable[[], Backend], sessions: int, seconds: float, limit: int) -> tuple[int, float, list[float]]:
-    """One run at ``sessions`` concurrent writers: (acks, elapsed seconds, latencies)."""
+def run_level(
+    make: Callable[[], Backend], sessions: int, seconds: float, limit: int, one_call: bool = False
+) -> tuple[int, float, list[float]]:
+    """One run at ``sessions`` concurrent writers: (acks, elapsed seconds, latencies).
+    ``one_call``: each message is ``append(..., durable=True)`` instead of append then
+    ``flush()``."""
     payloads = [bench_payload(i) for i in range(64)]
 
     async def main() -> tuple[int, float, list[float]]:
@@ -97,8 +101,11 @@ def run_level(make: Callable[[], Backend], sessions: int, seconds: float, limit:
                         t0 = clock()
                         if t0 >= deadline[0]:
                             return
-                        await h.append(t, d, surface_op="append")
-                        await h.flush()
+                        if one_call:
+                            await h.append(t, d, surface_op="append", durable=True)
+                        else:
+                            await h.append(t, d, surface_op="append")
+                            await h.flush()
                         latencies.append(clock() - t0)
                         acks[0] += 1
                         k += 1
@@ -120,43 +127,75 @@ def run_level(make: Callable[[], Backend], sessions: int, seconds: float, limit:
     return trio.run(main)
 
 
+FORMS: Final = (False, True)
+"""Append then ``flush()`` (``W17-…``), and ``append(..., durable=True)``
+(``W17-durable-…``), measured level by level in turn."""
+
+
 def _on(kind: str, levels: Sequence[int], runs: int, seconds: float, limit: int) -> list[Result]:
     tmp = Path(tempfile.mkdtemp(prefix="harness-bench-"))
     try:
-        rates: dict[int, list[float]] = {k: [] for k in levels}
-        p50s: dict[int, list[float]] = {k: [] for k in levels}
-        p99s: dict[int, list[float]] = {k: [] for k in levels}
-        acks: dict[int, list[int]] = {k: [] for k in levels}
+        keys = [(form, k) for form in FORMS for k in levels]
+        rates: dict[tuple[bool, int], list[float]] = {key: [] for key in keys}
+        p50s: dict[tuple[bool, int], list[float]] = {key: [] for key in keys}
+        p99s: dict[tuple[bool, int], list[float]] = {key: [] for key in keys}
+        acks: dict[tuple[bool, int], list[int]] = {key: [] for key in keys}
         with _jsonl_factory(tmp) if kind == "jsonl" else _factory(kind, tmp) as make:
             for _ in range(runs):
-                for k in levels:  # back to back: a burst of load hits every level alike
-                    n, elapsed, latencies = run_level(make, k, seconds, limit)
-                    rates[k].append(n / elapsed)
-                    p50s[k].append(percentile(latencies, 0.50))
-                    p99s[k].append(percentile(latencies, 0.99))
-                    acks[k].append(n)
+                # Back to back, the two forms of a level in turn: a burst of load hits
+                # every level and both forms alike.
+                for k in levels:
+                    for form in FORMS:
+                        n, elapsed, latencies = run_level(make, k, seconds, limit, one_call=form)
+                        rates[form, k].append(n / elapsed)
+                        p50s[form, k].append(percentile(latencies, 0.50))
+                        p99s[form, k].append(percentile(latencies, 0.99))
+                        acks[form, k].append(n)
         out: list[Result] = []
-        med = statistics.median
-        one = levels[0] if levels and levels[0] == 1 else None
-        for k in levels:
-            extra: dict[str, object] = {
-                "backend": kind,
-                "sessions": k,
-                "seconds": seconds,
-                "acks": int(med(acks[k])),
-                "msgs_per_s": round(med(rates[k]), 1),
-                "p50_us": round(med(p50s[k]) * 1e6, 1),
-                "p99_us": round(med(p99s[k]) * 1e6, 1),
-            }
-            if one is not None and k != one:
-                extra["aggregate_vs_1"] = round(med(rates[k]) / med(rates[one]), 2)
-                extra["p99_vs_1"] = round(med(p99s[k]) / med(p99s[one]), 2)
-                extra["p99_vs_1_p50"] = round(med(p99s[k]) / med(p50s[one]), 2)
-            note = "durable single appends (append + flush), all sessions at once"
-            out.append(Result(f"W17-{kind}-{k}", med(p50s[k]) * 1000.0, None, extra, note))
+        for form in FORMS:
+            out += _results(kind, form, levels, seconds, rates, p50s, p99s, acks)
         return out
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _results(
+    kind: str,
+    form: bool,
+    levels: Sequence[int],
+    seconds: float,
+    rates: dict[tuple[bool, int], list[float]],
+    p50s: dict[tuple[bool, int], list[float]],
+    p99s: dict[tuple[bool, int], list[float]],
+    acks: dict[tuple[bool, int], list[int]],
+) -> list[Result]:
+    """One form's results, each level against the same form's one-session level."""
+    out: list[Result] = []
+    med = statistics.median
+    one = (form, levels[0]) if levels and levels[0] == 1 else None
+    name = "W17-durable" if form else "W17"
+    note = (
+        "append(durable=True), all sessions at once"
+        if form
+        else "durable single appends (append + flush), all sessions at once"
+    )
+    for level in levels:
+        k = (form, level)
+        extra: dict[str, object] = {
+            "backend": kind,
+            "sessions": level,
+            "seconds": seconds,
+            "acks": int(med(acks[k])),
+            "msgs_per_s": round(med(rates[k]), 1),
+            "p50_us": round(med(p50s[k]) * 1e6, 1),
+            "p99_us": round(med(p99s[k]) * 1e6, 1),
+        }
+        if one is not None and k != one:
+            extra["aggregate_vs_1"] = round(med(rates[k]) / med(rates[one]), 2)
+            extra["p99_vs_1"] = round(med(p99s[k]) / med(p99s[one]), 2)
+            extra["p99_vs_1_p50"] = round(med(p99s[k]) / med(p50s[one]), 2)
+        out.append(Result(f"{name}-{kind}-{level}", med(p50s[k]) * 1000.0, None, extra, note))
+    return out
 
 
 class _jsonl_factory:

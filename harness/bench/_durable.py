@@ -13,6 +13,9 @@ retained by a restored session (M1), issue 15.
 * **M1** memory retained by one restored N-event session: ``tracemalloc`` after a full
   collection, the decoded input (the stored records) freed; its ratio to the JSONL file.
 
+W9/W10 time two forms, interleaved: the append then ``flush()`` (keys ``W9``, ``W10``)
+and the same in one call, ``append(..., durable=True)`` (``W9-durable``,
+``W10-durable``; one schedule point per message instead of two).
 W9/W10 run on JSONL (keys ``W9``, ``W10``) and SQLite (``W9-sqlite``, ``W10-sqlite``);
 the floor of both is the plain file write + fsync (what the disk costs, whatever the
 backend does on top). ``per_message_us`` and ``floor_per_message_us`` are the medians
@@ -31,6 +34,7 @@ import time
 import tracemalloc
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Final
 
 import orjson
 import trio
@@ -70,11 +74,14 @@ def _drafts(count: int) -> list[EventDraft]:
     return [EventDraft(t, d, "append") for t, d in (bench_payload(i) for i in range(count))]
 
 
-def _durable_run(kind: str, root: Path, drafts: list[EventDraft], batch: int) -> tuple[float, list[bytes]]:
+def _durable_run(
+    kind: str, root: Path, drafts: list[EventDraft], batch: int, one_call: bool = False
+) -> tuple[float, list[bytes]]:
     """One run through a store with persistence: append ``batch`` drafts per message,
-    flush after each message. Returns (seconds, the encoded lines of the timed events,
-    as the floor writes them). The first durable write (header, file creation) is done
-    before the clock starts: only appends are timed."""
+    flush after each message (``one_call``: both in one call, ``durable=True``).
+    Returns (seconds, the encoded lines of the timed events, as the floor writes them).
+    The first durable write (header, file creation) is done before the clock starts:
+    only appends are timed."""
 
     async def main() -> tuple[float, list[bytes]]:
         async with open_store(clock=_clock) as store, open_persistence(store, _backend(kind, root)):
@@ -82,7 +89,13 @@ def _durable_run(kind: str, root: Path, drafts: list[EventDraft], batch: int) ->
             await h.flush()  # materialize: the header and the start event
             start = h.seq
             t0 = time.perf_counter()
-            if batch == 1:
+            if one_call and batch == 1:
+                for d in drafts:
+                    await h.append(d.type, d.data, surface_op="append", durable=True)
+            elif one_call:
+                for i in range(0, len(drafts), batch):
+                    await h.append_batch(drafts[i : i + batch], durable=True)
+            elif batch == 1:
                 for d in drafts:
                     await h.append(d.type, d.data, surface_op="append")
                     await h.flush()
@@ -113,58 +126,78 @@ def _fsync_floor(path: Path, chunks: Sequence[bytes]) -> float:
         os.close(fd)
 
 
-def _durable_on(kind: str, tmp: Path, drafts: list[EventDraft], batch: int, runs: int) -> tuple[float, float, float]:
-    """(workload ms, floor ms, overhead ms), medians over ``runs`` interleaved samples:
-    each sample of the workload is followed by one of the floor over the lines that run
-    wrote, so a burst of load on a shared machine hits both alike. The overhead is the
-    median of the per-sample differences: what the runtime adds to the disk's cost, a
-    steadier figure than the ratio when fsync latency swings (a disk shared with other
-    work)."""
-    work: list[float] = []
-    floor: list[float] = []
+FORMS: Final = (False, True)
+"""The two forms W9/W10 time, interleaved: append then ``flush()`` (two calls), and
+``durable=True`` (one call; key suffix ``-durable``)."""
+
+
+def _durable_on(
+    kind: str, tmp: Path, drafts: list[EventDraft], batch: int, runs: int
+) -> dict[bool, tuple[float, float, float]]:
+    """Per form (:data:`FORMS`): (workload ms, floor ms, overhead ms), medians over
+    ``runs`` interleaved samples. Each sample of a workload is followed by one of the
+    floor over the lines that run wrote, and the forms alternate, so a burst of load
+    on a shared machine hits all of them alike. The overhead is the median of the
+    per-sample differences: what the runtime adds to the disk's cost, a steadier
+    figure than the ratio when fsync latency swings (a disk shared with other work)."""
+    work: dict[bool, list[float]] = {form: [] for form in FORMS}
+    floor: dict[bool, list[float]] = {form: [] for form in FORMS}
     for i in range(runs):
-        root = tmp / f"run-{i}"
-        root.mkdir()
-        dt, lines = _durable_run(kind, root, drafts, batch)
-        shutil.rmtree(root, ignore_errors=True)
-        work.append(dt * 1000.0)
-        chunks = [b"".join(lines[j : j + batch]) for j in range(0, len(lines), batch)]
-        fpath = tmp / f"floor-{i}.jsonl"
-        floor.append(_fsync_floor(fpath, chunks) * 1000.0)
-        fpath.unlink()
-    overhead = statistics.median(w - f for w, f in zip(work, floor, strict=True))
-    return statistics.median(work), statistics.median(floor), overhead
+        for form in FORMS:
+            root = tmp / f"run-{i}-{form}"
+            root.mkdir()
+            dt, lines = _durable_run(kind, root, drafts, batch, one_call=form)
+            shutil.rmtree(root, ignore_errors=True)
+            work[form].append(dt * 1000.0)
+            chunks = [b"".join(lines[j : j + batch]) for j in range(0, len(lines), batch)]
+            fpath = tmp / f"floor-{i}-{form}.jsonl"
+            floor[form].append(_fsync_floor(fpath, chunks) * 1000.0)
+            fpath.unlink()
+    out: dict[bool, tuple[float, float, float]] = {}
+    for form in FORMS:
+        overhead = statistics.median(w - f for w, f in zip(work[form], floor[form], strict=True))
+        out[form] = (statistics.median(work[form]), statistics.median(floor[form]), overhead)
+    return out
 
 
-def _durable(base: str, count: int, batch: int, runs: int, backends: Sequence[str], note: str) -> list[Result]:
+def _durable(
+    base: str, count: int, batch: int, runs: int, backends: Sequence[str], notes: tuple[str, str]
+) -> list[Result]:
     drafts = _drafts(count)
     results: list[Result] = []
     for kind in backends:
         tmp = Path(tempfile.mkdtemp(prefix="harness-bench-"))
         try:
-            w, f, over = _durable_on(kind, tmp, drafts, batch, runs)
+            measured = _durable_on(kind, tmp, drafts, batch, runs)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
-        extra = {
-            "n": count,
-            "batch": batch,
-            "backend": kind,
-            "per_message_us": round(w * 1000.0 / count, 3),
-            "floor_per_message_us": round(f * 1000.0 / count, 3),
-            "overhead_per_message_us": round(over * 1000.0 / count, 3),
-        }
-        results.append(Result(_key(base, kind), w, f, extra, note))
+        for form in FORMS:
+            w, f, over = measured[form]
+            extra = {
+                "n": count,
+                "batch": batch,
+                "backend": kind,
+                "per_message_us": round(w * 1000.0 / count, 3),
+                "floor_per_message_us": round(f * 1000.0 / count, 3),
+                "overhead_per_message_us": round(over * 1000.0 / count, 3),
+            }
+            name = _key(f"{base}-durable" if form else base, kind)
+            results.append(Result(name, w, f, extra, notes[form]))
     return results
 
 
 def w9(n: int, runs: int, backends: Sequence[str] = BACKENDS) -> list[Result]:
-    """Durable single appends: append one message through the actor, flush, repeat."""
-    return _durable("W9", min(2000, n), 1, runs, backends, "append + durable flush, one message at a time")
+    """Durable single appends: append one message through the actor, flush, repeat
+    (``W9``); the same with ``append(..., durable=True)`` (``W9-durable``)."""
+    notes = ("append + durable flush, one message at a time", "append(durable=True), one message at a time")
+    return _durable("W9", min(2000, n), 1, runs, backends, notes)
 
 
 def w10(n: int, runs: int, backends: Sequence[str] = BACKENDS) -> list[Result]:
-    """Durable batches of 50: append a batch through the actor, flush, repeat."""
-    return _durable("W10", min(20_000, n), BATCH, runs, backends, "append_batch(50) + durable flush")
+    """Durable batches of 50: append a batch through the actor, flush, repeat
+    (``W10``); the same with ``append_batch(..., durable=True)`` (``W10-durable``)."""
+    notes = ("append_batch(50) + durable flush", "append_batch(50, durable=True)")
+    return _durable("W10", min(20_000, n), BATCH, runs, backends, notes)
 
 
 def w11(n: int, runs: int) -> list[Result]:

@@ -81,6 +81,9 @@ def uses_files(kind: str) -> bool:
 _KINDS: Final[dict[str, frozenset[str]]] = {
     "group-write": frozenset({"jsonl", "sqlite", "postgres"}),
     "group-chain": frozenset({"jsonl", "sqlite", "postgres"}),
+    # The runtime's path (call_nowait, the shielded flush) is the same on every
+    # backend; JSONL and SQLite explore it, the others' write paths are group-commit's.
+    "durable-append": frozenset({"jsonl", "sqlite"}),
 }
 
 

@@ -396,16 +396,22 @@ class Persistence(ServiceMixin):
             writer = self._writer_for(handle)
         writer.enqueue_batch(events)
 
-    def _flush_direct(self, handle: SessionHandle) -> Awaitable[None]:
+    def _flush_direct(self, handle: SessionHandle, shielded: bool) -> Awaitable[None]:
         """The store's direct form of :meth:`_on_flush` (see ``DirectFlush``: a live,
         announced, idle session, right after the store's cancel point): a session with
         its writer flushes through :meth:`SessionWriter.flush_direct`; anything else
-        through :meth:`_on_flush`."""
+        through :meth:`_on_flush` (in a shielded scope if ``shielded``)."""
         writer = self._writers.get(handle.id)
         if writer is not None and writer.session is handle._entry.session:
             writer.catch_up()
-            return writer.flush_direct()
+            return writer.flush_direct(shielded)
+        if shielded:
+            return self._on_flush_shielded(handle)
         return self._on_flush(handle)
+
+    async def _on_flush_shielded(self, handle: SessionHandle) -> None:
+        with trio.CancelScope(shield=True):
+            await self._on_flush(handle)
 
     async def _on_flush(self, handle: SessionHandle) -> None:
         """The durability barrier for a live session. A session that is no longer live

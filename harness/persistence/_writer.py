@@ -483,7 +483,7 @@ class SessionWriter:
         self._landed(len(batch))
         return True
 
-    async def flush_direct(self) -> None:
+    async def flush_direct(self, shielded: bool = False) -> None:
         """:meth:`flush` for a caller that has just passed a cancel point with no
         yield since (``Store.flush`` through the persistence's direct flush listener,
         :class:`~harness.runtime._listeners.DirectFlush`): the same barrier, errors and
@@ -494,13 +494,18 @@ class SessionWriter:
         frame, parked directly in the committer's bounded wait (issue 26: each
         coroutine frame between the flush and its wait is paid on the way down and up
         again, per durable message). Anything else, and events enqueued while the
-        batch was written, take :meth:`flush`."""
+        batch was written, take :meth:`flush`.
+
+        ``shielded``: not cancellable at all (the flush of ``append(...,
+        durable=True)``, whose append is applied already): :meth:`flush`, where taken,
+        runs in a shielded scope; the common case needs none (its wait refuses
+        cancellation)."""
         self._disarm()
         if self.durable >= self.queued:
             return
         lock = self._lock
         if self.wedged is not None or self._before_first_write is not None or not self.pending or lock.locked():
-            await self.flush()
+            await self._flush_maybe_shielded(shielded)
             return
         lock.acquire_nowait()
         try:
@@ -523,7 +528,14 @@ class SessionWriter:
         finally:
             lock.release()
         if self.durable < self.queued:
-            await self.flush()  # enqueued while the batch was written (a rare path)
+            await self._flush_maybe_shielded(shielded)  # enqueued while the batch was written (rare)
+
+    async def _flush_maybe_shielded(self, shielded: bool) -> None:
+        if shielded:
+            with trio.CancelScope(shield=True):
+                await self.flush()
+        else:
+            await self.flush()
 
     def _landed(self, count: int) -> None:
         """The first ``count`` buffered events are durable: trim them."""

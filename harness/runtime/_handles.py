@@ -186,15 +186,53 @@ class SessionHandle:
         ref = self._ref()
         try:
             return await ref.call(message)
-        except ActorStoppedError:
-            raise SessionNotLiveError(
-                f'session "{self.id}" is not live in this store', session_id=self.id
-            ) from None
-        except ActorCrashedError as exc:
-            raise SessionNotLiveError(
+        except (ActorStoppedError, ActorCrashedError) as exc:
+            error = self._call_error(exc)
+        raise error
+
+    async def _call_durable(self, message: Append) -> tuple[Event, ...]:
+        """``_call(message)`` then ``Store.flush``, as one operation (``durable=True``
+        of :meth:`append` and :meth:`append_batch`).
+
+        Cancellation: ``Cancelled`` means not applied (as ``_call``); once applied,
+        the flush is not cancellable (its write is bounded by the writer's own
+        limit), so the caller gets the events, or the flush's error, and a
+        cancellation lands at its next checkpoint. One schedule point in the common
+        case: the flush's wait for its write (an idle actor handles the append on this
+        task, ``ActorRef.call_nowait``, with no checkpoint of its own)."""
+        ref = self._ref()
+        await trio.lowlevel.checkpoint_if_cancelled()  # cancelled already: nothing sent
+        try:
+            events = ref.call_nowait(message)
+        except trio.WouldBlock:
+            # The actor is busy: queued behind what was sent before (the call's own
+            # checkpoint decides "applied or not"), then the store's general flush.
+            events = await self._call(message)
+            with trio.CancelScope(shield=True):
+                await self._store.flush(self)
+            return events  # type: ignore[no-any-return]
+        except BaseException as exc:
+            # Refused (or the actor crashed on it): still a schedule point, as
+            # append's is either way; the error is raised outside this block.
+            error = self._call_error(exc)
+        else:
+            await self._store._flush_applied(self)
+            return events  # type: ignore[no-any-return]
+        await trio.lowlevel.cancel_shielded_checkpoint()
+        raise error
+
+    def _call_error(self, exc: BaseException) -> BaseException:
+        """What :meth:`_call` raises for ``exc`` raised by the actor call."""
+        if isinstance(exc, ActorStoppedError):
+            return SessionNotLiveError(f'session "{self.id}" is not live in this store', session_id=self.id)
+        if isinstance(exc, ActorCrashedError):
+            error = SessionNotLiveError(
                 f'session "{self.id}" crashed and is no longer live: {exc.__cause__!r}',
                 session_id=self.id,
-            ) from exc
+            )
+            error.__cause__ = exc
+            return error
+        return exc
 
     # -- immutable reads (no round trip) ----------------------------------------------
     #
@@ -296,16 +334,28 @@ class SessionHandle:
         *,
         surface_op: SurfaceOp | dict[str, Any] | None = None,
         source_event_seqs: Sequence[int] | None = None,
+        durable: bool = False,
     ) -> Event:
         """Append one event through the session actor; returns the logged event.
 
+        ``durable=True``: return once the event is durable, as :meth:`flush` after the
+        append would make it (through the store's flush listeners; with none, the
+        append alone), in one call that yields once instead of twice. A flush failure
+        (:class:`~harness.errors.FlushError`, :class:`~harness.errors.WriterWedgedError`)
+        is raised with the event appended but not known to be durable, as a
+        :meth:`flush` after it would raise.
+
         Cancellation: ``Cancelled`` means it was not applied (withdrawn before the
         actor took it); once taken, the call returns the logged event and the
-        cancellation lands at the caller's next checkpoint. ``ReplyOverdueError``
-        means the outcome is unknown (read :attr:`events` to know).
+        cancellation lands at the caller's next checkpoint. With ``durable=True`` that
+        holds for the flush too: once the event is applied, its flush is not
+        cancelled (it is bounded by the writer's limit, ``WRITE_WAIT_LIMIT``).
+        ``ReplyOverdueError`` means the outcome is unknown (read :attr:`events` to
+        know).
         """
-        events = await self._call(Append((EventDraft(type, data, surface_op, source_event_seqs),)))
-        return events[0]  # type: ignore[no-any-return]
+        message = Append((EventDraft(type, data, surface_op, source_event_seqs),))
+        events = await (self._call_durable(message) if durable else self._call(message))
+        return events[0]
 
     def append_nowait(
         self,
@@ -354,10 +404,10 @@ class SessionHandle:
         self._ref()
         return self._entry.session
 
-    async def append_batch(self, drafts: Sequence[EventDraft]) -> tuple[Event, ...]:
+    async def append_batch(self, drafts: Sequence[EventDraft], *, durable: bool = False) -> tuple[Event, ...]:
         """Append a batch in one message: it lands whole or not at all.
 
-        Same cancellation contract as :meth:`append`.
+        ``durable=True`` and the cancellation contract: as :meth:`append`'s.
         """
         batch = tuple(drafts)
         for d in batch:
@@ -367,7 +417,10 @@ class SessionHandle:
                 raise EventError(
                     f'session "{self.id}" batch item {shown(d)} is not an EventDraft', session_id=self.id
                 )
-        return await self._call(Append(batch))  # type: ignore[no-any-return]
+        message = Append(batch)
+        if durable:
+            return await self._call_durable(message)
+        return await self._call(message)  # type: ignore[no-any-return]
 
     async def derive_messages(self) -> MessageList:
         """The model-visible messages (a read through the actor, ordered with writes).

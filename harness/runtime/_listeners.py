@@ -209,12 +209,15 @@ class Listeners:
 @final
 class DirectFlush:
     """A ``flush`` listener with a cheaper form for the store's common case
-    (issue 26): ``listener(handle)`` as any flush listener, and ``direct(handle)``, which
-    the store calls *instead* when all of these hold: this is the store's only flush
-    registration and it is unscoped, the session is live, announced and its actor idle,
-    and the store has just passed a cancel point with no yield since. ``direct`` has
-    the listener's effect and cancellation contract, minus a cancel point of its own on
-    entry (the store's is that one); it returns an awaitable (awaited) or ``None``.
+    (issue 26): ``listener(handle)`` as any flush listener, and ``direct(handle,
+    shielded)``, which the store calls *instead* when all of these hold: this is the
+    store's only flush registration and it is unscoped, the session is live, announced
+    and its actor idle, and the store has just passed a cancel point with no yield
+    since. ``direct`` has the listener's effect and cancellation contract, minus a
+    cancel point of its own on entry (the store's is that one); it returns an
+    awaitable (awaited) or ``None``. With ``shielded`` true (the flush of an
+    ``append(..., durable=True)`` that was applied already) the awaitable must not be
+    cancellable at all: a shielded scope where it would otherwise be.
 
     It spares a durable flush the listener layer's coroutine frames (a flush is a
     chain of nine from ``Store.flush`` to the committer's wait otherwise), and the
@@ -225,7 +228,7 @@ class DirectFlush:
     __slots__ = ("direct", "listener")
 
     def __init__(
-        self, listener: FlushListener, direct: Callable[[SessionHandle], Awaitable[None] | None]
+        self, listener: FlushListener, direct: Callable[[SessionHandle, bool], Awaitable[None] | None]
     ) -> None:
         self.listener = listener
         self.direct = direct
@@ -287,7 +290,7 @@ class Registry:
         self.batched: set[int] = set()
         #: The ``direct`` form of the only registration, if that one is an unscoped
         #: :class:`DirectFlush` (else ``None``): what ``Store.flush`` may call instead.
-        self.direct: Callable[[SessionHandle], Awaitable[None] | None] | None = None
+        self.direct: Callable[[SessionHandle, bool], Awaitable[None] | None] | None = None
 
     def add(self, listener: Any) -> int:
         """Register ``listener`` last; return the key that :meth:`discard` takes."""

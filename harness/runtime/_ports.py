@@ -16,7 +16,8 @@ class StorePort(Protocol[H]):
     """The store as its handles (``H``) see it; :class:`~harness.runtime.Store` is one.
 
     ``_live_entry`` is the store actor's liveness map read synchronously (the entry is
-    compared by identity only); ``flush`` and ``fork`` are the store's own requests.
+    compared by identity only); ``flush`` and ``fork`` are the store's own requests, and
+    ``_flush_applied`` the flush half of ``append(..., durable=True)``.
     """
 
     def _live_entry(self, session_id: str) -> object | None: ...
@@ -25,5 +26,7 @@ class StorePort(Protocol[H]):
     def warnings(self) -> Warnings: ...
 
     async def flush(self, handle: H) -> bool: ...
+
+    async def _flush_applied(self, handle: H) -> None: ...
 
     async def fork(self, source: H, boundary: int | None = None, child_id: str | None = None) -> H: ...

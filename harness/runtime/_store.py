@@ -739,7 +739,7 @@ class Store:
             elif (direct := self.listeners.flush.direct) is not None:
                 # The only flush listener, in its direct form (see DirectFlush): no
                 # listener-layer frames between this flush and the listener's wait.
-                waiting = direct(handle)
+                waiting = direct(handle, False)
                 if waiting is not None:
                     await waiting
                 heard = True
@@ -752,6 +752,39 @@ class Store:
         if points is None or _schedule_points(task) == points:
             await trio.lowlevel.cancel_shielded_checkpoint()
         return heard
+
+    async def _flush_applied(self, handle: SessionHandle) -> None:
+        """The flush of ``handle.append(..., durable=True)``, called right after the
+        append was applied on the caller's task (``ActorRef.call_nowait``): what
+        :meth:`flush` does, without its cancel point (the append's was that one) and
+        not cancellable at all (``Cancelled`` would tell the caller "not applied"). It
+        yields once, whatever the listeners do, and raises what :meth:`flush` would.
+
+        The common case -- the only flush listener in its direct form, the session
+        live, announced and its actor idle -- awaits the listener's wait directly (it
+        refuses cancellation); anything else runs :meth:`flush` in a shielded scope."""
+        entry = handle._entry
+        ref = entry.ref
+        direct = self.listeners.flush.direct
+        if (
+            direct is None
+            or ref is None
+            or not ref.idle
+            or not entry.announced
+            or self._live_entry(handle.id) is not entry
+        ):
+            with trio.CancelScope(shield=True):
+                await self.flush(handle)
+            return
+        task = trio.lowlevel.current_task()
+        points = _schedule_points(task)
+        try:
+            waiting = direct(handle, True)
+            if waiting is not None:
+                await waiting
+        finally:
+            if points is None or _schedule_points(task) == points:
+                await trio.lowlevel.cancel_shielded_checkpoint()
 
     # -- listeners -----------------------------------------------------------------------
 

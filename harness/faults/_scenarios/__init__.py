@@ -58,7 +58,12 @@ from harness.faults._scenarios._frame import (
     turn_batches,
 )
 from harness.faults._scenarios._sessions import fork, lifecycle
-from harness.faults._scenarios._writes import close_writes, group_commit, write_behind
+from harness.faults._scenarios._writes import (
+    close_writes,
+    durable_append,
+    group_commit,
+    write_behind,
+)
 from harness.faults._scratch import scratch_dir
 
 # The registry: one row per scenario, in the order `harness chaos --list` shows them.
@@ -139,6 +144,13 @@ _DEFS: Final[list[tuple[str, Callable[[Probe, str], Awaitable[None]], str, tuple
         "group-commit",
         group_commit,
         "three sessions append and flush at once, twice: their batches share group-commit rounds",
+        ("caller", "teardown"),
+        ("checkpoints", "io", "crash"),
+    ),
+    (
+        "durable-append",
+        durable_append,
+        "two sessions append a turn event by event with append(durable=True), one behind casts (the busy-actor path)",
         ("caller", "teardown"),
         ("checkpoints", "io", "crash"),
     ),

@@ -4,11 +4,16 @@ and ``close-writes`` (the close writes what sessions left, under a transient fau
 from __future__ import annotations
 
 from functools import partial
-from typing import Final
+from typing import Any, Final, cast
 
 import trio
 
-from harness.errors import PersistedSessionNotFoundError, PersistenceCloseError, PersistenceError
+from harness.errors import (
+    HarnessError,
+    PersistedSessionNotFoundError,
+    PersistenceCloseError,
+    PersistenceError,
+)
 from harness.faults._backends import (
     check_at_rest,
     close_backend,
@@ -25,8 +30,10 @@ from harness.faults._scenarios._frame import (
     check_live,
     flush_and_acknowledge,
     guarded,
+    note_errors,
     rig,
     store_run,
+    turn_batches,
 )
 from harness.runtime import SessionHandle
 from harness.session import event_to_record
@@ -146,3 +153,67 @@ async def group_commit(probe: Probe, kind: str) -> None:
                 f"clean run: no round carried more than one batch ({committer.batches} batch(es) "
                 f"in {committer.rounds} round(s))",
             )
+
+
+# -- durable appends (issue 26) -----------------------------------------------------------------
+
+DURABLE_SESSIONS: Final = ("d1", "d2")
+
+
+async def durable_append(probe: Probe, kind: str) -> None:
+    """Two sessions append a turn at the same time, event by event, each with
+    ``append(..., durable=True)`` (their flushes share group-commit rounds); every
+    event of ``d2`` goes behind a cast (a ``feedback/record`` sent with
+    ``append_nowait`` just before), so its durable appends take the busy-actor path
+    (queued, then the store's general flush, shielded). Each durable append that
+    returned is acknowledged with everything before it. One that raised ``Cancelled``
+    must have applied nothing (the log holds no event of its own after the call
+    started); one that returned after a cancellation must have been written (it was
+    acknowledged). A crash mid-round loses nothing acknowledged."""
+    async with store_run(probe, kind, write_delay=60) as run:
+        r, caller = run.rig, run.caller
+        probe.arm()
+        with caller.scope():
+            handles: list[SessionHandle] = []
+            for sid in DURABLE_SESSIONS:
+                h = await guarded(probe, "create", partial(r.store.create, sid, cwd="/chaos"))
+                if h is None:
+                    break
+                track_session(probe, h)
+                handles.append(h)
+
+            async def durable_turn(h: SessionHandle, behind_cast: bool) -> None:
+                for batch in turn_batches(1, h.seq):
+                    for draft in batch:
+                        if behind_cast:
+                            try:
+                                h.append_nowait("feedback/record", {"before": draft.type})
+                            except HarnessError as exc:  # e.g. the session was detached
+                                note_errors(probe, exc, "cast")
+                        before = h.seq
+                        try:
+                            ev = await guarded(
+                                probe,
+                                "durable append",
+                                partial(h.append, draft.type, draft.data, surface_op=cast(Any, draft.surface_op), durable=True),
+                            )
+                        except trio.Cancelled:
+                            mine = [e.seq for e in h.events if e.seq >= before and e.type == draft.type]
+                            probe.check(
+                                not mine,
+                                f'session "{h.id}": append(durable=True) of {draft.type} raised Cancelled, '
+                                f"yet the log holds it at seq {mine}",
+                            )
+                            raise
+                        if ev is None:  # a typed failure, checked by guarded
+                            if any(e.seq >= before and e.type == draft.type for e in h.events):
+                                continue  # applied, its flush failed (FlushError): not acknowledged
+                            return  # not applied (the session is gone): the turn stops here
+                        events = h.events
+                        probe.acknowledge(h.id, ev.seq, [event_to_record(e) for e in events[: ev.seq + 1]])
+
+            async with trio.open_nursery() as n:
+                for i, h in enumerate(handles):
+                    n.start_soon(durable_turn, h, i == 1)
+        for h in await guarded(probe, "store.list", r.store.list) or []:
+            check_live(probe, h, idle=not run.interrupted)
