@@ -224,7 +224,10 @@ class ActorRef(Generic[M]):
 
         Errors: as :meth:`call`'s inline path (a rejection is raised to the caller and
         the actor goes on; any other exception crashes the actor and is raised);
-        :class:`ActorStoppedError` if the actor no longer accepts messages."""
+        :class:`ActorStoppedError` if the actor no longer accepts messages. A handler's
+        own ``trio.WouldBlock`` is raised as it is, like any of its errors: a caller
+        that must tell it from "not now" decides on :attr:`idle` first (an idle actor
+        handles an inline type at once)."""
         self._check()
         if type(message) not in self._cell.inline or not self._mailbox.borrow():
             raise trio.WouldBlock

@@ -249,3 +249,41 @@ async def test_behind_a_flush_in_flight_its_wait_for_the_writer_is_not_cancelled
             backend.gate.set()
         assert seen[0].data == 2 and seen[1] is True
     assert on_disk(tmp_path, "s") == [0, 1, 2]
+
+
+# -- review: the busy-actor path ---------------------------------------------------------
+
+
+async def test_a_hooks_would_block_veto_is_its_answer_not_a_busy_actor(tmp_path: Path) -> None:
+    # A pre-commit hook's trio.WouldBlock (e.g. a full channel's send_nowait) is a
+    # veto raised through call_nowait: it was taken for "the actor is busy" and the
+    # append sent again, the hook run twice and the vetoed event applied.
+    async with open_store() as store, open_persistence(store, JsonlBackend(tmp_path), write_delay=1000):
+        (h,) = await sessions(store, "s")
+        calls: list[int] = []
+
+        def hook(handle: SessionHandle, events: Any) -> None:
+            calls.append(len(events))
+            if len(calls) == 1:
+                raise trio.WouldBlock
+
+        store.add_pre_commit_hook(hook)
+        seq = h.seq
+        with pytest.raises(trio.WouldBlock) as info:
+            await h.append("feedback/record", 1, durable=True)
+        assert info.value.__context__ is None
+        assert calls == [1] and h.seq == seq
+    assert on_disk(tmp_path, "s") == [0]
+
+
+async def test_a_busy_actors_refusal_has_no_context(tmp_path: Path) -> None:
+    # As a plain append's: not raised "during handling of" the WouldBlock that sent
+    # the append to the mailbox.
+    async with open_store() as store, open_persistence(store, JsonlBackend(tmp_path), write_delay=1000):
+        (h,) = await sessions(store, "s")
+        for durable in (False, True):
+            h.append_nowait("feedback/record", 1)
+            with pytest.raises(EventError) as info:
+                await h.append("", 1, durable=durable)
+            assert info.value.__context__ is None, durable
+

@@ -202,15 +202,19 @@ class SessionHandle:
         task, ``ActorRef.call_nowait``, with no checkpoint of its own)."""
         ref = self._ref()
         await trio.lowlevel.checkpoint_if_cancelled()  # cancelled already: nothing sent
-        try:
-            events = ref.call_nowait(message)
-        except trio.WouldBlock:
+        if not ref.idle and ref.alive:
             # The actor is busy: queued behind what was sent before (the call's own
             # checkpoint decides "applied or not"), then the store's general flush.
+            # Decided here, not by call_nowait's WouldBlock: a pre-commit hook's own
+            # WouldBlock (its veto) comes out of call_nowait too, and must not send the
+            # append again; nor is this raised "during handling of" a WouldBlock.
             events = await self._call(message)
             with trio.CancelScope(shield=True):
                 await self._store.flush(self)
             return events  # type: ignore[no-any-return]
+        try:
+            # Idle (handled now) or stopped/crashed (refused): no WouldBlock of its own.
+            events = ref.call_nowait(message)
         except BaseException as exc:
             # Refused (or the actor crashed on it): still a schedule point, as
             # append's is either way; the error is raised outside this block.
