@@ -287,3 +287,21 @@ async def test_a_busy_actors_refusal_has_no_context(tmp_path: Path) -> None:
                 await h.append("", 1, durable=durable)
             assert info.value.__context__ is None, durable
 
+
+async def test_queued_before_a_detach_it_is_applied_and_flushed_not_refused(tmp_path: Path) -> None:
+    # The append waits in the mailbox (behind a cast) when the session is detached:
+    # the detach's drain applies it, so "not live" would tell the caller "not applied"
+    # about an event in the log. Its flush goes through the session's writer instead.
+    async with open_store() as store, open_persistence(store, JsonlBackend(tmp_path), write_delay=1000):
+        (h,) = await sessions(store, "s")
+        seen: list[Any] = []
+
+        async def durable() -> None:
+            h.append_nowait("feedback/record", 1)
+            ev = await h.append("feedback/record", 2, durable=True)
+            seen.extend([ev.data, on_disk(tmp_path, "s")])
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(durable)
+            nursery.start_soon(store.detach, h)
+        assert seen == [2, [0, 1, 2]]

@@ -416,8 +416,8 @@ class Persistence(ServiceMixin):
     async def _on_flush(self, handle: SessionHandle) -> None:
         """The durability barrier for a live session. A session that is no longer live
         (detached while the flush was on its way) is flushed through its retiring
-        writer if it has one, and refused otherwise: never build a writer for a dead
-        session (it would take the lock and keep it)."""
+        writer (or the one about to retire) if it has one, and refused otherwise:
+        never build a writer for a dead session (it would take the lock and keep it)."""
         writer = self._writers.get(handle.id)
         if writer is not None and writer.session is handle._entry.session and handle.alive:
             # The common case, decided first: a live session with its writer (the
@@ -427,9 +427,14 @@ class Persistence(ServiceMixin):
             return
         if not handle.alive:
             session = handle._entry.session
-            retiring = next(
-                (w for w, _ in self._retirements.get(handle.id, ()) if w.session is session), None
-            )
+            if writer is not None and writer.session is session:
+                # Detached, its session/disposed not emitted yet (the detach drains its
+                # queue, e.g. a durable append): this writer is the one that retires.
+                retiring: SessionWriter | None = writer
+            else:
+                retiring = next(
+                    (w for w, _ in self._retirements.get(handle.id, ()) if w.session is session), None
+                )
             if retiring is None:
                 raise SessionNotLiveError(f'session "{handle.id}" is not live in this store', session_id=handle.id)
             await retiring.flush()

@@ -204,13 +204,12 @@ class SessionHandle:
         await trio.lowlevel.checkpoint_if_cancelled()  # cancelled already: nothing sent
         if not ref.idle and ref.alive:
             # The actor is busy: queued behind what was sent before (the call's own
-            # checkpoint decides "applied or not"), then the store's general flush.
+            # checkpoint decides "applied or not"), then its flush, as the inline one's.
             # Decided here, not by call_nowait's WouldBlock: a pre-commit hook's own
             # WouldBlock (its veto) comes out of call_nowait too, and must not send the
             # append again; nor is this raised "during handling of" a WouldBlock.
             events = await self._call(message)
-            with trio.CancelScope(shield=True):
-                await self._store.flush(self)
+            await self._store._flush_applied(self)
             return events  # type: ignore[no-any-return]
         try:
             # Idle (handled now) or stopped/crashed (refused): no WouldBlock of its own.

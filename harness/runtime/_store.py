@@ -755,10 +755,13 @@ class Store:
 
     async def _flush_applied(self, handle: SessionHandle) -> None:
         """The flush of ``handle.append(..., durable=True)``, called right after the
-        append was applied on the caller's task (``ActorRef.call_nowait``): what
-        :meth:`flush` does, without its cancel point (the append's was that one) and
-        not cancellable at all (``Cancelled`` would tell the caller "not applied"). It
-        yields once, whatever the listeners do, and raises what :meth:`flush` would.
+        append was applied (on the caller's task, ``ActorRef.call_nowait``, or by a
+        busy actor, the call's reply): what :meth:`flush` does, without its cancel
+        point (the append's was that one) and not cancellable at all (``Cancelled``
+        would tell the caller "not applied"). It yields once, whatever the listeners
+        do, and raises what :meth:`flush` would -- but never "not live": a session
+        detached since (a queued append is applied by the detach's drain) is flushed
+        as :meth:`flush` flushes one detached during its barrier, by the listeners.
 
         The common case -- the only flush listener in its direct form, the session
         live, announced and its actor idle -- awaits the listener's wait directly (it
@@ -766,17 +769,21 @@ class Store:
         entry = handle._entry
         ref = entry.ref
         direct = self.listeners.flush.direct
-        if (
-            direct is None
-            or ref is None
-            or not ref.idle
-            or not entry.announced
-            or self._live_entry(handle.id) is not entry
-        ):
+        task = trio.lowlevel.current_task()
+        if ref is None or self._live_entry(handle.id) is not entry:
+            points = _schedule_points(task)
+            try:
+                if entry.announced:
+                    with trio.CancelScope(shield=True):
+                        await self.listeners.run_flush(handle)
+            finally:
+                if points is None or _schedule_points(task) == points:
+                    await trio.lowlevel.cancel_shielded_checkpoint()
+            return
+        if direct is None or not ref.idle or not entry.announced:
             with trio.CancelScope(shield=True):
                 await self.flush(handle)
             return
-        task = trio.lowlevel.current_task()
         points = _schedule_points(task)
         try:
             waiting = direct(handle, True)
