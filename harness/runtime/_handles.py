@@ -352,7 +352,9 @@ class SessionHandle:
         actor took it); once taken, the call returns the logged event and the
         cancellation lands at the caller's next checkpoint. With ``durable=True`` that
         holds for the flush too: once the event is applied, its flush is not
-        cancelled (it is bounded by the writer's limit, ``WRITE_WAIT_LIMIT``).
+        cancelled. Persistence's write is bounded by the writer's limit
+        (``WRITE_WAIT_LIMIT``); a flush listener of your own runs shielded too, so one
+        that never returns makes the call hang (bound it, e.g. ``trio.move_on_after``).
         ``ReplyOverdueError`` means the outcome is unknown (read :attr:`events` to
         know).
         """
