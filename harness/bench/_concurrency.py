@@ -141,11 +141,12 @@ def _on(kind: str, levels: Sequence[int], runs: int, seconds: float, limit: int)
         p99s: dict[tuple[bool, int], list[float]] = {key: [] for key in keys}
         acks: dict[tuple[bool, int], list[int]] = {key: [] for key in keys}
         with _jsonl_factory(tmp) if kind == "jsonl" else _factory(kind, tmp) as make:
-            for _ in range(runs):
+            for run in range(runs):
                 # Back to back, the two forms of a level in turn: a burst of load hits
-                # every level and both forms alike.
+                # every level and both forms alike; which form goes first alternates
+                # (ABBA), as in W9/W10.
                 for k in levels:
-                    for form in FORMS:
+                    for form in FORMS if run % 2 == 0 else FORMS[::-1]:
                         n, elapsed, latencies = run_level(make, k, seconds, limit, one_call=form)
                         rates[form, k].append(n / elapsed)
                         p50s[form, k].append(percentile(latencies, 0.50))

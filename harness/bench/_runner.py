@@ -36,7 +36,7 @@ class Result:
     def line(self) -> str:
         floor = "" if self.floor_ms is None else f"  floor {self.floor_ms:9.2f} ms  ratio {self.ratio:5.2f}x"
         extra = "".join(f"  {k}={v}" for k, v in self.extra.items())
-        return f"{self.key:16s} {self.median_ms:10.3f} ms{floor}{extra}  {self.note}".rstrip()
+        return f"{self.key:22s} {self.median_ms:10.3f} ms{floor}{extra}  {self.note}".rstrip()
 
 
 def loads_floor(lines: list[bytes]) -> float:
