@@ -86,12 +86,20 @@ _KINDS: Final[dict[str, frozenset[str]]] = {
     "durable-append": frozenset({"jsonl", "sqlite"}),
 }
 
+#: Modes a scenario skips on one kind, for the campaign's budget. ``durable-append``'s
+#: crash points on SQLite are group-commit's statements (explored there, ~7 s of the
+#: CI campaign); its crash check of what it acknowledged runs on JSONL.
+_LEFT_OUT: Final[dict[tuple[str, str], frozenset[str]]] = {
+    ("durable-append", "sqlite"): frozenset({"crash"}),
+}
+
 
 def scenario_modes(name: str, kind: str, modes: tuple[str, ...]) -> tuple[str, ...]:
     """The modes of ``modes`` the built-in scenario ``name`` runs in on ``kind``
     (empty: the scenario does not run on that kind)."""
     if kind not in _KINDS.get(name, frozenset({kind})):
         return ()
+    modes = tuple(m for m in modes if m not in _LEFT_OUT.get((name, kind), ()))
     scope = _SCOPE.get(kind)
     if scope is None:
         return modes
