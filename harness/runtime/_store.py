@@ -768,27 +768,20 @@ class Store:
         refuses cancellation); anything else runs :meth:`flush` in a shielded scope."""
         entry = handle._entry
         ref = entry.ref
-        direct = self.listeners.flush.direct
         task = trio.lowlevel.current_task()
-        if ref is None or self._live_entry(handle.id) is not entry:
-            points = _schedule_points(task)
-            try:
+        points = _schedule_points(task)
+        try:
+            if ref is None or self._live_entry(handle.id) is not entry:
                 if entry.announced:
                     with trio.CancelScope(shield=True):
                         await self.listeners.run_flush(handle)
-            finally:
-                if points is None or _schedule_points(task) == points:
-                    await trio.lowlevel.cancel_shielded_checkpoint()
-            return
-        if direct is None or not ref.idle or not entry.announced:
-            with trio.CancelScope(shield=True):
-                await self.flush(handle)
-            return
-        points = _schedule_points(task)
-        try:
-            waiting = direct(handle, True)
-            if waiting is not None:
-                await waiting
+            elif (direct := self.listeners.flush.direct) is None or not ref.idle or not entry.announced:
+                with trio.CancelScope(shield=True):
+                    await self.flush(handle)
+            else:
+                waiting = direct(handle, True)
+                if waiting is not None:
+                    await waiting
         finally:
             if points is None or _schedule_points(task) == points:
                 await trio.lowlevel.cancel_shielded_checkpoint()
