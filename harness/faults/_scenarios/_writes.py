@@ -3,6 +3,7 @@ and ``close-writes`` (the close writes what sessions left, under a transient fau
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from functools import partial
 from typing import Any, Final, cast
 
@@ -35,7 +36,7 @@ from harness.faults._scenarios._frame import (
     store_run,
     turn_batches,
 )
-from harness.runtime import SessionHandle
+from harness.runtime import SessionHandle, Store
 from harness.session import event_to_record
 
 
@@ -118,6 +119,21 @@ async def close_writes(probe: Probe, kind: str) -> None:
 GROUP_SESSIONS: Final = ("g1", "g2", "g3")
 
 
+async def create_tracked(probe: Probe, store: Store, ids: Sequence[str]) -> list[SessionHandle]:
+    """Create the sessions ``ids`` in order, each tracked by ``probe``; stops at the
+    first that fails (a typed failure, checked by :func:`guarded`).
+
+    Cancellation: ``Cancelled`` propagates; what was created stays tracked."""
+    handles: list[SessionHandle] = []
+    for sid in ids:
+        h = await guarded(probe, "create", partial(store.create, sid, cwd="/chaos"))
+        if h is None:
+            break
+        track_session(probe, h)
+        handles.append(h)
+    return handles
+
+
 async def group_commit(probe: Probe, kind: str) -> None:
     """Three sessions append a turn and flush at the same time, twice: their batches
     meet in the group committer's rounds (``write_group``: one transaction, or one
@@ -129,13 +145,7 @@ async def group_commit(probe: Probe, kind: str) -> None:
         committer = r.persistence.committer
         probe.arm()
         with caller.scope():
-            handles: list[SessionHandle] = []
-            for sid in GROUP_SESSIONS:
-                h = await guarded(probe, "create", partial(r.store.create, sid, cwd="/chaos"))
-                if h is None:
-                    break
-                track_session(probe, h)
-                handles.append(h)
+            handles = await create_tracked(probe, r.store, GROUP_SESSIONS)
 
             async def turn_then_flush(h: SessionHandle, turn: int) -> None:
                 await guarded(probe, "append", partial(append_turns, h, [turn]))
@@ -160,6 +170,11 @@ async def group_commit(probe: Probe, kind: str) -> None:
 DURABLE_SESSIONS: Final = ("d1", "d2")
 
 
+def _landed(h: SessionHandle, since: int, type_: str) -> list[int]:
+    """The seqs of ``h``'s events of type ``type_`` from seq ``since`` on."""
+    return [e.seq for e in h.events if e.seq >= since and e.type == type_]
+
+
 async def durable_append(probe: Probe, kind: str) -> None:
     """Two sessions append a turn at the same time, event by event, each with
     ``append(..., durable=True)`` (their flushes share group-commit rounds); every
@@ -174,13 +189,7 @@ async def durable_append(probe: Probe, kind: str) -> None:
         r, caller = run.rig, run.caller
         probe.arm()
         with caller.scope():
-            handles: list[SessionHandle] = []
-            for sid in DURABLE_SESSIONS:
-                h = await guarded(probe, "create", partial(r.store.create, sid, cwd="/chaos"))
-                if h is None:
-                    break
-                track_session(probe, h)
-                handles.append(h)
+            handles = await create_tracked(probe, r.store, DURABLE_SESSIONS)
 
             async def durable_turn(h: SessionHandle, behind_cast: bool) -> None:
                 for batch in turn_batches(1, h.seq):
@@ -198,7 +207,7 @@ async def durable_append(probe: Probe, kind: str) -> None:
                                 partial(h.append, draft.type, draft.data, surface_op=cast(Any, draft.surface_op), durable=True),
                             )
                         except trio.Cancelled:
-                            mine = [e.seq for e in h.events if e.seq >= before and e.type == draft.type]
+                            mine = _landed(h, before, draft.type)
                             probe.check(
                                 not mine,
                                 f'session "{h.id}": append(durable=True) of {draft.type} raised Cancelled, '
@@ -206,7 +215,7 @@ async def durable_append(probe: Probe, kind: str) -> None:
                             )
                             raise
                         if ev is None:  # a typed failure, checked by guarded
-                            if any(e.seq >= before and e.type == draft.type for e in h.events):
+                            if _landed(h, before, draft.type):
                                 continue  # applied, its flush failed (FlushError): not acknowledged
                             return  # not applied (the session is gone): the turn stops here
                         events = h.events
