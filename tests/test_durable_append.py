@@ -9,6 +9,7 @@ listener path; a refusal and a flush failure raise what ``append`` and ``flush``
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -98,12 +99,11 @@ async def test_cancelled_before_it_is_not_applied(tmp_path: Path) -> None:
     assert on_disk(tmp_path, "s") == [0]
 
 
-async def _cancel_while_held(backend: GatedJsonl, call: Any) -> list[Any]:
-    """Run ``call`` with the backend's rounds held, cancel its scope once a round is
-    held, release the round: what it returned, then ``"cancelled"`` if the next
-    checkpoint raised."""
+async def _cancel_while_waiting(call: Any, parked: Any, release: Any) -> list[Any]:
+    """Run ``call``; once ``await parked()`` says it waits, cancel its scope, check it
+    is still waiting, then ``release()``: what it returned, then ``"cancelled"`` if
+    the next checkpoint raised."""
     seen: list[Any] = []
-    backend.gate.clear()
     scopes: list[trio.CancelScope] = []
 
     async def run() -> None:
@@ -117,12 +117,18 @@ async def _cancel_while_held(backend: GatedJsonl, call: Any) -> list[Any]:
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(run)
-        await started(backend)
+        await parked()
         scopes[0].cancel()
         await trio.testing.wait_all_tasks_blocked()
-        assert seen == []  # still waiting for its round, not cancelled out of it
-        backend.gate.set()
+        assert seen == []  # still waiting, not cancelled out of it
+        release()
     return seen
+
+
+async def _cancel_while_held(backend: GatedJsonl, call: Any) -> list[Any]:
+    """:func:`_cancel_while_waiting` with the backend's rounds held until released."""
+    backend.gate.clear()
+    return await _cancel_while_waiting(call, partial(started, backend), backend.gate.set)
 
 
 async def test_once_applied_its_flush_is_not_cancelled(tmp_path: Path) -> None:
@@ -166,25 +172,15 @@ async def test_through_the_general_listener_path_its_flush_is_not_cancelled(tmp_
         (h,) = await sessions(store, "s")
         store.on_flush(slow_listener)
         assert store.listeners.flush.direct is None
-        seen: list[Any] = []
-        async with trio.open_nursery() as nursery:
 
-            async def run() -> None:
-                with trio.CancelScope() as scope:
-                    cancel.append(scope)
-                    seen.append(await h.append("feedback/record", 1, durable=True))
-                    await trio.lowlevel.checkpoint()
-                seen.append(scope.cancelled_caught)
-
-            cancel: list[trio.CancelScope] = []
-            nursery.start_soon(run)
+        async def parked() -> None:
             await trio.testing.wait_all_tasks_blocked()
             assert heard == ["waiting"]
-            cancel[0].cancel()
-            await trio.testing.wait_all_tasks_blocked()
-            assert seen == []
-            release.set()
-        assert heard == ["waiting", "done"] and seen[0].data == 1 and seen[1] is True
+
+        seen = await _cancel_while_waiting(
+            lambda: h.append("feedback/record", 1, durable=True), parked, release.set
+        )
+        assert heard == ["waiting", "done"] and seen[0].data == 1 and seen[1] == "cancelled"
     assert on_disk(tmp_path, "s") == [0, 1]
 
 
@@ -228,26 +224,15 @@ async def test_behind_a_flush_in_flight_its_wait_for_the_writer_is_not_cancelled
         (h,) = await sessions(store, "s")
         await h.append("feedback/record", 1)
         backend.gate.clear()
-        seen: list[Any] = []
         async with trio.open_nursery() as nursery:
             nursery.start_soon(h.flush)
             await started(backend)
-
-            async def run() -> None:
-                with trio.CancelScope() as scope:
-                    cancel.append(scope)
-                    seen.append(await h.append("feedback/record", 2, durable=True))
-                    await trio.lowlevel.checkpoint()
-                seen.append(scope.cancelled_caught)
-
-            cancel: list[trio.CancelScope] = []
-            nursery.start_soon(run)
-            await trio.testing.wait_all_tasks_blocked()
-            cancel[0].cancel()
-            await trio.testing.wait_all_tasks_blocked()
-            assert seen == []
-            backend.gate.set()
-        assert seen[0].data == 2 and seen[1] is True
+            seen = await _cancel_while_waiting(
+                lambda: h.append("feedback/record", 2, durable=True),
+                trio.testing.wait_all_tasks_blocked,
+                backend.gate.set,
+            )
+        assert seen[0].data == 2 and seen[1] == "cancelled"
     assert on_disk(tmp_path, "s") == [0, 1, 2]
 
 
