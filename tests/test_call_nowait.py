@@ -11,7 +11,7 @@ import trio
 import trio.testing
 
 from actors import ActorCrashedError, ActorRuntime, ActorStoppedError
-from tests.test_inline_calls import Put, _spawn, _Steps
+from tests.test_inline_calls import Put, _spawn, _Steps, stopping
 
 
 async def test_it_runs_the_handler_on_the_callers_task_with_no_task_step() -> None:
@@ -85,15 +85,9 @@ async def test_a_crash_crashes_the_actor_and_later_calls_say_so() -> None:
 
 async def test_a_stopping_actor_refuses_it() -> None:
     async with ActorRuntime() as rt:
-        actor, ref = await _spawn(rt)
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(ref.call, "wait")
-            await trio.testing.wait_all_tasks_blocked()
-            nursery.start_soon(rt.stop, ref)
-            await trio.testing.wait_all_tasks_blocked()
+        async with stopping(rt) as (actor, ref):
             with pytest.raises(ActorStoppedError):
                 ref.call_nowait(Put("while stopping"))
-            actor.gate.set()
         with pytest.raises(ActorStoppedError):
             ref.call_nowait(Put("after the stop"))
         assert actor.applied == ["wait"] and actor.tasks == []

@@ -9,7 +9,8 @@ small domain-free actor, then through the store's session actor."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from typing import Any
 
 import attrs
@@ -343,17 +344,25 @@ async def test_an_actor_cancelled_during_an_inline_handler_unwinds_after_it() ->
 # -- 7. a stopping actor runs nothing inline --------------------------------------------
 
 
+@asynccontextmanager
+async def stopping(rt: ActorRuntime) -> AsyncIterator[tuple[Inline, ActorRef[Any]]]:
+    """An actor being stopped for the block (busy with a mailed call, a stop asked);
+    leaving the block lets the call end, so the actor is stopped after it."""
+    actor, ref = await _spawn(rt)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(ref.call, "wait")
+        await trio.testing.wait_all_tasks_blocked()
+        nursery.start_soon(rt.stop, ref)
+        await trio.testing.wait_all_tasks_blocked()
+        yield actor, ref
+        actor.gate.set()
+
+
 async def test_a_stopping_or_stopped_actor_runs_no_inline_call() -> None:
     async with ActorRuntime() as rt:
-        actor, ref = await _spawn(rt)
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(ref.call, "wait")
-            await trio.testing.wait_all_tasks_blocked()
-            nursery.start_soon(rt.stop, ref)
-            await trio.testing.wait_all_tasks_blocked()
+        async with stopping(rt) as (actor, ref):
             with pytest.raises(ActorStoppedError):
                 await ref.call(Put("while stopping"))
-            actor.gate.set()
         with pytest.raises(ActorStoppedError):
             await ref.call(Put("after the stop"))
         assert actor.applied == ["wait"] and actor.tasks == []
