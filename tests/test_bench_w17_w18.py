@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 
 from harness.bench import _concurrency, _procs
-from harness.bench._cli import _VARIANT_OF, DESCRIPTIONS, WORKLOADS
+from harness.bench._cli import _VARIANT_OF, WORKLOADS
+from harness.bench._descriptions import DESCRIPTIONS
 
 pytestmark = pytest.mark.slow
 

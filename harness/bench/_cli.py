@@ -47,29 +47,6 @@ WORKLOADS: dict[str, Workload] = {
 }
 """Workload ids; each may produce several variants (e.g. W2 -> W2, W2b)."""
 
-DESCRIPTIONS: dict[str, str] = {
-    "W1": "append one event per call (and W1-actor, W1-actor-batch through the session actor)",
-    "W2": "derive the surface per call (W2b: a full derive rebuild)",
-    "W3": "fork at the last seq, through the actor",
-    "W4": "decode and restore a stored log (W4-snapshot)",
-    "W5": "write and load on disk (W5-write, W5-load, W4-disk)",
-    "W6": "one replace over a large surface",
-    "W7": "resume from disk",
-    "W8": "compaction of an agent session and the derive rebuild",
-    "W9": "durable appends through the actor, one flush each (W9-sqlite; W9-durable: append(durable=True))",
-    "W10": "durable batches of 50, one flush each (W10-sqlite; W10-durable: one call each)",
-    "W11": "in-memory batches through the actor",
-    "W12": "close a store of many live sessions",
-    "W13": "the fault explorer's own cost per attempt on a 10-task scenario",
-    "W15": "streamed tool-call arguments of 1, 3 and 10 MB (agent turn, provider parse, SSE line)",
-    "W16": "appends with one owner-scoped listener per agent, 1 to 10,000 agents",
-    "W17": "1, 8, 64, 512 sessions in one process appending durably at once (issue 26's W12; "
-    "W17-durable-*: append(durable=True))",
-    "W18": "8 processes x 50 sessions, bursts of appends on one SQLite file / PostgreSQL database; "
-    "0 errors, 0 lost, 0 reordered (issue 26's W13)",
-    "M1": "memory retained by a restored session",
-}
-"""One line per workload, for ``harness bench --help`` (docs/architecture.md, Performance)."""
 
 _VARIANT_OF = {"W2b": "W2", "W4-snapshot": "W4", "W1-actor": "W1", "W1-actor-batch": "W1", "W5-write": "W5", "W5-load": "W5", "W4-disk": "W5", "W9-sqlite": "W9", "W10-sqlite": "W10"}
 _VARIANT_OF.update({f"{base}-durable{kind}": base for base in ("W9", "W10") for kind in ("", "-sqlite")})

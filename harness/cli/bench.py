@@ -8,7 +8,7 @@ from harness.cli._output import CONTEXT
 
 
 def _workload_list() -> str:
-    from harness.bench._cli import DESCRIPTIONS
+    from harness.bench._descriptions import DESCRIPTIONS
 
     # \b keeps Click from re-wrapping the list into one paragraph.
     return "\b\nWorkloads:\n" + "\n".join(f"  {name:<5} {text}" for name, text in DESCRIPTIONS.items())
