@@ -17,6 +17,7 @@ from harness.bench import (
     _disk,
     _durable,
     _faults,
+    _handoff,
     _procs,
     _scoped,
     _streaming,
@@ -43,6 +44,7 @@ WORKLOADS: dict[str, Workload] = {
     "W16": _scoped.w16,
     "W17": _concurrency.w17,
     "W18": _procs.w18,
+    "W19": _handoff.w19,
     "M1": _durable.m1,
 }
 """Workload ids; each may produce several variants (e.g. W2 -> W2, W2b)."""
@@ -56,6 +58,7 @@ _VARIANT_OF.update(
     {f"W17{form}-{kind}-{k}": "W17" for form in ("", "-durable") for kind in _concurrency.BACKENDS for k in _concurrency.LEVELS}
 )
 _VARIANT_OF.update({f"W18-{kind}": "W18" for kind in _procs.BACKENDS})
+_VARIANT_OF.update({f"W19-{form}": "W19" for form in _handoff.FORMS})
 
 
 BACKEND_CHOICES = ("all", *_durable.BACKENDS)

@@ -1,0 +1,139 @@
+"""A minimal io_uring ring over ``ctypes`` (Linux 5.6+), for W19's measurement of a
+durable write with no worker thread of ours (decision 0025). Not used by the runtime.
+
+What it relies on, and why that is enough here:
+
+* **No SQPOLL.** The kernel reads the submission queue inside our own
+  ``io_uring_enter``, on the submitting thread, so the entries written before the tail
+  (plain stores through ``struct.pack_into``) are seen in program order.
+* **Completions are read after the eventfd is.** The kernel posts a completion, then
+  signals the registered eventfd under its lock; the reader's ``read`` of that eventfd
+  takes the same lock, so the completions posted before the signal are visible after it
+  (``ctypes`` cannot issue the acquire load liburing uses on the tail).
+* **``IOSQE_ASYNC`` on the write.** The kernel runs it on its own worker instead of
+  inline in ``io_uring_enter``, so the submitting (Trio) thread does no file I/O; the
+  linked fdatasync always runs there.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import mmap
+import os
+import struct
+import sys
+from typing import Final
+
+_SETUP: Final = 425
+_ENTER: Final = 426
+_REGISTER: Final = 427
+_REGISTER_EVENTFD: Final = 4
+_FEAT_SINGLE_MMAP: Final = 1
+_OFF_SQES: Final = 0x10000000
+_SQE: Final = struct.Struct("BBHiQQIIQHHiQQ")  # struct io_uring_sqe, 64 bytes
+_CQE: Final = struct.Struct("QiI")  # struct io_uring_cqe, 16 bytes
+_U32: Final = struct.Struct("I")
+
+OP_FSYNC: Final = 3
+OP_WRITE: Final = 23
+FSYNC_DATASYNC: Final = 1
+SQE_IO_LINK: Final = 4
+SQE_ASYNC: Final = 16
+
+
+def unavailable() -> str | None:
+    """Why no ring can be set up here (``None``: it can)."""
+    if not sys.platform.startswith("linux"):
+        return f"io_uring is Linux only (this is {sys.platform})"
+    try:
+        Ring(2).close()
+    except OSError as exc:
+        return f"io_uring_setup failed: {exc.strerror or exc}"
+    return None
+
+
+class Ring:
+    """One ring of ``entries`` submission slots with an eventfd (:attr:`efd`, non-blocking)
+    registered for its completions. Single-threaded: one task submits and reaps."""
+
+    def __init__(self, entries: int = 8) -> None:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.syscall.restype = ctypes.c_long
+        self._syscall = libc.syscall
+        params = ctypes.create_string_buffer(120)  # struct io_uring_params
+        fd = self._syscall(_SETUP, ctypes.c_uint(entries), params)
+        if fd < 0:
+            err = ctypes.get_errno()
+            raise OSError(err, os.strerror(err))
+        self.fd = int(fd)
+        self.efd = -1
+        try:
+            raw = params.raw
+            sq_entries, cq_entries, _flags, _cpu, _idle, features = struct.unpack_from("6I", raw, 0)
+            sq = struct.unpack_from("7I", raw, 40)  # head, tail, mask, entries, flags, dropped, array
+            cq = struct.unpack_from("7I", raw, 80)  # head, tail, mask, entries, overflow, cqes, flags
+            if not features & _FEAT_SINGLE_MMAP:
+                raise OSError(0, "the kernel's io_uring lacks IORING_FEAT_SINGLE_MMAP (Linux < 5.4)")
+            size = max(sq[6] + sq_entries * 4, cq[5] + cq_entries * _CQE.size)
+            prot = mmap.PROT_READ | mmap.PROT_WRITE
+            self._ring = mmap.mmap(self.fd, size, mmap.MAP_SHARED, prot, offset=0)
+            self._sqes = mmap.mmap(self.fd, sq_entries * _SQE.size, mmap.MAP_SHARED, prot, offset=_OFF_SQES)
+            self._sq_tail_at, self._sq_mask = sq[1], _U32.unpack_from(self._ring, sq[2])[0]
+            self._cq_head_at, self._cq_tail_at, self._cqes_at = cq[0], cq[1], cq[5]
+            self._cq_mask = _U32.unpack_from(self._ring, cq[2])[0]
+            for i in range(sq_entries):  # slot i of the array names entry i, for good
+                _U32.pack_into(self._ring, sq[6] + 4 * i, i)
+            self._tail = _U32.unpack_from(self._ring, self._sq_tail_at)[0]
+            self._queued = 0
+            self.efd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+            efd = ctypes.c_int(self.efd)
+            if self._syscall(_REGISTER, self.fd, _REGISTER_EVENTFD, ctypes.byref(efd), 1) < 0:
+                err = ctypes.get_errno()
+                raise OSError(err, os.strerror(err))
+        except BaseException:
+            self.close()
+            raise
+
+    def prepare(self, opcode: int, fd: int, *, flags: int = 0, addr: int = 0, length: int = 0,
+                offset: int = -1, op_flags: int = 0, user_data: int = 0) -> None:
+        """Fill the next submission entry (sent by :meth:`submit`). ``offset=-1``: the
+        file's position (an ``O_APPEND`` file appends)."""
+        slot = self._tail & self._sq_mask
+        _SQE.pack_into(self._sqes, slot * _SQE.size, opcode, flags, 0, fd, offset & 0xFFFF_FFFF_FFFF_FFFF,
+                       addr, length, op_flags, user_data, 0, 0, 0, 0, 0)
+        self._tail = (self._tail + 1) & 0xFFFF_FFFF
+        self._queued += 1
+
+    def submit(self) -> None:
+        """Publish the prepared entries and hand them to the kernel (returns at once:
+        no completion is waited for)."""
+        _U32.pack_into(self._ring, self._sq_tail_at, self._tail)
+        count, self._queued = self._queued, 0
+        if self._syscall(_ENTER, self.fd, count, 0, 0, None, 0) < 0:
+            err = ctypes.get_errno()
+            raise OSError(err, os.strerror(err))
+
+    def reap(self) -> list[tuple[int, int]]:
+        """The completions posted so far, as ``(user_data, result)``; read the eventfd
+        first (see the module)."""
+        head = _U32.unpack_from(self._ring, self._cq_head_at)[0]
+        tail = _U32.unpack_from(self._ring, self._cq_tail_at)[0]
+        out: list[tuple[int, int]] = []
+        while head != tail:
+            user_data, result, _flags = _CQE.unpack_from(self._ring, self._cqes_at + (head & self._cq_mask) * _CQE.size)
+            out.append((user_data, result))
+            head = (head + 1) & 0xFFFF_FFFF
+        _U32.pack_into(self._ring, self._cq_head_at, head)
+        return out
+
+    def close(self) -> None:
+        for name in ("_sqes", "_ring"):
+            mapped = getattr(self, name, None)
+            if mapped is not None:
+                mapped.close()
+        if self.efd >= 0:
+            os.close(self.efd)
+            self.efd = -1
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1

@@ -1,0 +1,60 @@
+"""W19 (harness/bench/_handoff.py): each form really writes its messages, the io_uring
+ring reports a failed step as an error, and a machine without io_uring gets a reason."""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+from pathlib import Path
+
+import pytest
+import trio
+
+from harness.bench import _handoff, _uring
+from harness.persistence import JsonlBackend
+
+URING_MISSING = _uring.unavailable()
+
+
+def test_every_form_lands_each_of_its_messages(tmp_path: Path) -> None:
+    forms = _handoff.FORMS if URING_MISSING is None else tuple(f for f in _handoff.FORMS if f != "uring")
+    samples = _handoff.measure(150, tmp_path, forms)  # two blocks of 100 each
+    assert {form: len(values) for form, values in samples.items()} == {form: 2 for form in forms}
+    assert all(v > 0 for values in samples.values() for v in values)
+    for form in ("inline", "thread", "uring"):
+        if form in forms:
+            assert (tmp_path / f"{form}.jsonl").read_bytes() == _handoff.LINE * 200, form
+    stored = JsonlBackend(tmp_path / "harness").load("w19")
+    appended = [r for r in stored.records if r["type"] == "user/message"]
+    assert len(appended) == 1 + 200  # the untimed first one, then two blocks
+
+
+@pytest.mark.skipif(URING_MISSING is not None, reason=f"no io_uring here: {URING_MISSING}")
+def test_a_failed_io_uring_step_is_an_error_naming_it(tmp_path: Path) -> None:
+    path = tmp_path / "read-only"
+    path.write_bytes(b"")
+    fd = os.open(path, os.O_RDONLY)
+    ring = _uring.Ring()
+    line = ctypes.create_string_buffer(_handoff.LINE, len(_handoff.LINE))
+    try:
+        with pytest.raises(OSError, match="io_uring write") as caught:
+            trio.run(_handoff._uring_write, ring, fd, ctypes.addressof(line))
+        assert caught.value.errno == errno.EBADF
+        # The linked fdatasync completed too (cancelled): nothing is left in the ring.
+        assert ring.reap() == []
+    finally:
+        ring.close()
+        os.close(fd)
+    assert path.read_bytes() == b""
+
+
+def test_without_io_uring_the_other_forms_are_measured_and_the_reason_given(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_uring, "unavailable", lambda: "io_uring_setup failed: Operation not permitted")
+    results = {r.key: r for r in _handoff.w19(100, 1)}
+    assert set(results) == {f"W19-{form}" for form in _handoff.FORMS}
+    assert results["W19-uring"].extra == {"unavailable": "io_uring_setup failed: Operation not permitted"}
+    for form in ("inline", "thread", "harness"):
+        r = results[f"W19-{form}"]
+        assert r.extra["blocks"] == 1 and r.extra["per_message_us"] > 0 and r.ratio is not None
+    assert results["W19-inline"].extra["ratio_to_inline"] == 1.0
