@@ -129,6 +129,19 @@ def test_unknown_and_malformed_blocks_priced_by_json() -> None:
     assert estimate_blocks([{"type": "text", "text": 5}]) == 4 + math.ceil(len('{"type":"text","text":5}') / 4)
 
 
+def test_json_prices_write_numbers_as_javascript_does() -> None:
+    # JSON.stringify writes an integral float as an integer (1.0 -> "1", 1e16 in full,
+    # -0.0 -> "0"); the meter prices the reference's text, not orjson's "1.0".
+    assert len('{"type":"x","vv":1}') == 19  # 5 quarters; "1.0" would make it 21, 6
+    assert estimate_blocks([{"type": "x", "vv": 1.0}]) == 4 + 5
+    assert estimate_blocks([{"type": "x", "vv": 1}]) == 4 + 5
+    spec = {"name": "n", "parameters": {"minimum": 0.0, "maximum": 1e16, "step": 0.5, "zero": -0.0}}
+    js = '[{"name":"n","parameters":{"minimum":0,"maximum":10000000000000000,"step":0.5,"zero":0}}]'
+    assert estimate_tools([spec]) == math.ceil(len(js) / 4) + 4
+    # From 1e21 JavaScript writes an exponent too, as orjson does; strings are untouched.
+    assert estimate_tools([{"name": "v1.0", "big": 1e21}]) == math.ceil(len('[{"name":"v1.0","big":1e+21}]') / 4) + 4
+
+
 def test_message_system_and_tools() -> None:
     assert estimate_message(msg()) == 4
     assert estimate_message({"content": "not a list"}) == 4

@@ -41,9 +41,34 @@ def _json_default(value: object) -> Any:
     raise TypeError(f"not JSON: {type(value).__name__}")
 
 
+def _js_numbers(value: Any) -> Any:
+    """``value`` with every integral float below 1e21 as an ``int`` (a copy only where
+    one is found): ``JSON.stringify`` writes ``1.0`` as ``1`` and ``1e16`` in full,
+    orjson writes ``1.0`` and ``1e+16``. Depth is bounded by the session's storable
+    depth, so the recursion is too."""
+    value = raw(value)
+    t = type(value)
+    if t is float:
+        return int(value) if value.is_integer() and abs(value) < 1e21 else value
+    if t is dict:
+        items = {k: _js_numbers(v) for k, v in value.items()}
+        return value if all(items[k] is v for k, v in value.items()) else items
+    if t is list or t is tuple:
+        out = [_js_numbers(v) for v in value]
+        return value if all(a is b for a, b in zip(out, value, strict=True)) else out
+    return value
+
+
 def json_text(value: object) -> str:
-    """Compact JSON with keys in insertion order, like ``JSON.stringify``."""
-    return orjson.dumps(raw(value), default=_json_default).decode()
+    """Compact JSON with keys in insertion order, like ``JSON.stringify`` (numbers
+    included: an integral float is written as an integer, as JavaScript does)."""
+    tree = raw(value)
+    text = orjson.dumps(tree, default=_json_default)
+    # orjson writes an integral float as "X.0" (or "-0.0") or, from 1e16, "Xe+N": only
+    # then can a number differ from JavaScript's; anything else needs no walk.
+    if b".0" in text or b"e+" in text:
+        text = orjson.dumps(_js_numbers(tree), default=_json_default)
+    return text.decode()
 
 
 def _unknown(block: object) -> int:
