@@ -37,6 +37,15 @@ def fresh(sid: str = "s") -> Session:
     [
         ({"version": 1}, "session header version must be 0, got 1"),
         ({"id": "other"}, 'session header id "other" does not match session id "s"'),
+        # Interpolated as the reference's String(value): JSON null is "null" (an absent
+        # key is "undefined", below), booleans lower-case, arrays joined, objects opaque.
+        ({"version": None}, "session header version must be 0, got null"),
+        ({"version": True}, "session header version must be 0, got true"),
+        ({"version": [1, 2]}, "session header version must be 0, got 1,2"),
+        ({"version": {"v": 0}}, "session header version must be 0, got [object Object]"),
+        ({"id": None}, 'session header id "null" does not match session id "s"'),
+        ({"id": False}, 'session header id "false" does not match session id "s"'),
+        ({"id": ["s", None]}, 'session header id "s," does not match session id "s"'),
         ({"createdAt": "123"}, "session header createdAt must be a non-negative safe integer"),
         ({"createdAt": 1.5}, "session header createdAt must be a non-negative safe integer"),
         ({"createdAt": -1}, "session header createdAt must be a non-negative safe integer"),
@@ -59,6 +68,19 @@ def test_header_validation_messages(patch: dict[str, Any], message: str) -> None
             build({**header("s"), **patch})
         assert str(info.value) == message
         assert info.value.code == "INVALID_HEADER"
+
+
+def test_header_absent_version_and_id_read_undefined() -> None:
+    for build in (
+        lambda h: Session.create("s", header=h),
+        lambda h: Session.restore("s", [], h),
+    ):
+        with pytest.raises(HeaderError) as info:
+            build({"id": "s", "createdAt": 1})
+        assert str(info.value) == "session header version must be 0, got undefined"
+        with pytest.raises(HeaderError) as info:
+            build({"version": 0, "createdAt": 1})
+        assert str(info.value) == 'session header id "undefined" does not match session id "s"'
 
 
 def test_header_order_version_before_id() -> None:
