@@ -249,6 +249,28 @@ def test_tool_result_replacement_rules() -> None:
     assert s.seq == 3
 
 
+def test_tool_result_replacement_blanks_the_first_block_as_the_reference_spreads_it() -> None:
+    # The reference compares ``{...data, message: {...message, content: [{...content[0],
+    # content: null}]}}``: a missing first block (empty content) and a scalar one
+    # spread to nothing, so each blanks to ``[{content: null}]``.
+    def pair(before: list[Any], after: list[Any]) -> Session:
+        s = Session.create("s")
+        first = tool_result("c1")
+        first["message"]["content"] = before
+        s.append("tool/result", first, surface_op="append")
+        second = tool_result("c1")
+        second["message"]["content"] = after
+        s.append("tool/result", second, surface_op=ReplaceOp(0, 0), source_event_seqs=[0])
+        return s
+
+    restored = [{"content": [{"type": "text", "text": "restored"}]}]
+    assert list(pair([], restored).surface) == [1]
+    assert list(pair([None], [7]).surface) == [1]
+    assert list(pair(["ab"], [{"0": "a", "1": "b", "content": []}]).surface) == [1]
+    with pytest.raises(SurfaceError, match="may change only content"):
+        pair([], [{"type": "tool-result", "content": []}])  # a key the blank block lacks
+
+
 def test_user_replacement_may_shadow_tool_results() -> None:
     s = tool_session()
     s.append("user/message", user("sum"), surface_op=ReplaceOp(0, 1), source_event_seqs=[0, 1])
