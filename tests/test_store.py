@@ -166,6 +166,22 @@ async def test_event_listener_failures_are_contained(caplog: pytest.LogCaptureFi
         assert "session/disposed listener threw: RuntimeError: gone wrong" in caplog.text
 
 
+async def test_listener_failure_without_a_message_is_logged_as_its_type(caplog: pytest.LogCaptureFixture) -> None:
+    # JS String(new Error()) is "Error": no ": " before an empty message.
+    caplog.set_level(logging.WARNING, "harness.store")
+    async with open_store() as store:
+
+        def bad(h: SessionHandle, ev: Any) -> None:
+            raise ValueError
+
+        store.on_event(bad)
+        s = await store.create("s")
+        await s.append("a/b", 1)
+        assert [r.getMessage() for r in caplog.records if "listener threw" in r.getMessage()] == [
+            'session "s": session/event listener threw: ValueError'
+        ]
+
+
 async def test_pre_commit_hook_vetoes_whole_batch() -> None:
     async with open_store() as store:
         def hook(h: SessionHandle, events: tuple[Any, ...]) -> None:
