@@ -44,6 +44,8 @@ def fresh(sid: str = "s") -> Session:
         ({"version": [1, 2]}, "session header version must be 0, got 1,2"),
         ({"version": {"v": 0}}, "session header version must be 0, got [object Object]"),
         ({"id": None}, 'session header id "null" does not match session id "s"'),
+        # Only this port refuses an integral float (docs/differences.md): its fraction shows.
+        ({"version": 0.0}, "session header version must be 0, got 0.0"),
         ({"id": False}, 'session header id "false" does not match session id "s"'),
         ({"id": ["s", None]}, 'session header id "s," does not match session id "s"'),
         ({"createdAt": "123"}, "session header createdAt must be a non-negative safe integer"),

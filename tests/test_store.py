@@ -307,6 +307,7 @@ async def test_fork_errors_in_reference_order() -> None:
             (s, 1.5, None, InvalidBoundaryError, "must be a non-negative safe integer, got 1.5"),
             # String(boundary), as the reference interpolates it.
             (s, True, None, InvalidBoundaryError, "must be a non-negative safe integer, got true"),
+            (s, 2.0, None, InvalidBoundaryError, "must be a non-negative safe integer, got 2.0"),
             (s, [1, None], None, InvalidBoundaryError, "must be a non-negative safe integer, got 1,"),
             (s, 9, None, InvalidBoundaryError, 'fork boundary 9 does not exist in session "s" (last seq: 3)'),
             (s, 1, None, OpenTurnError, 'fork boundary 1 in session "s" ends inside open turn 1'),

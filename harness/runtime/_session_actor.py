@@ -42,7 +42,7 @@ from harness.runtime._messages import (
 from harness.session import Event, Session
 from harness.session._commit import commit_single, plan_single
 from harness.session._events import SAFE_INT_MAX
-from harness.session._json import js_string
+from harness.session._json import js_string, shown_safe_int
 from harness.session._session import _NO_TURN
 
 if TYPE_CHECKING:
@@ -275,7 +275,7 @@ def check_fork_boundary(session: Session, boundary: object) -> int | None:
     if type(boundary) is not int or not 0 <= boundary <= SAFE_INT_MAX:
         raise InvalidBoundaryError(
             f'fork boundary for session "{sid}" must be a non-negative safe integer, '
-            f"got {js_string(boundary)}",
+            f"got {shown_safe_int(boundary)}",
             session_id=sid,
         )
     if boundary >= n:

@@ -11,7 +11,15 @@ import attrs
 
 from harness.errors import HeaderError, NotJsonError, SessionIdError
 from harness.session._events import is_nonneg_safe_int
-from harness.session._json import FrozenDict, RawJson, adopt, js_string, raw_of, snapshot_raw
+from harness.session._json import (
+    FrozenDict,
+    RawJson,
+    adopt,
+    js_string,
+    raw_of,
+    shown_safe_int,
+    snapshot_raw,
+)
 
 SESSION_FORMAT_VERSION: Final = 0
 
@@ -153,7 +161,8 @@ def validate_header_record(raw: RawJson, session_id: str) -> SessionHeader:
     version = raw.get("version", _ABSENT)
     if version != SESSION_FORMAT_VERSION or type(version) is not int:
         raise HeaderError(
-            f"session header version must be {SESSION_FORMAT_VERSION}, got {_js(version)}",
+            f"session header version must be {SESSION_FORMAT_VERSION}, got "
+            f"{'undefined' if version is _ABSENT else shown_safe_int(version)}",
             session_id=session_id,
         )
     hid = raw.get("id", _ABSENT)

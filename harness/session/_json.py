@@ -572,6 +572,15 @@ def js_string(value: object) -> str:
     return str(value)
 
 
+def shown_safe_int(value: object) -> str:
+    """:func:`js_string` of a value refused as a safe integer, except that an integral
+    float shows its fraction (``2.0``): the reference takes it as the integer, so only
+    this port refuses it, and ``got 2`` would not say why."""
+    if type(value) is float and value.is_integer():
+        return repr(value)
+    return js_string(value)
+
+
 def raw_equal(a: RawJson, b: RawJson, *, ordered: bool = False) -> bool:
     """Deep equality of two JSON values under JSON's rules, safe at any depth.
 
