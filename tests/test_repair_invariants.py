@@ -122,6 +122,20 @@ P = 'invariant violated by "@deepseek-ai/dsh-session": '
             "tool/result for zz with no prior tool/call in this step",
         ),
         ([EventDraft("request/context", {"provider": "p", "model": "m"})], "request/context appended outside any open turn (core execution events must be turn-enclosed)"),
+        # JavaScript's ===: a boolean is never the number it would equal in Python.
+        ([EventDraft("turn/start", {"turn": True})], "turn/start expected turn 1, got true"),
+        ([EventDraft("turn/start", {"turn": 1}), EventDraft("step/start", {"turn": 1, "step": True})], "step/start expected step 1 in turn 1, got true"),
+        ([EventDraft("turn/start", {"turn": 1}), EventDraft("turn/end", {"turn": True, "reason": {}})], "turn/end true does not match open turn 1"),
+        (
+            [EventDraft("turn/start", {"turn": 1}), EventDraft("step/start", {"turn": 1, "step": 1}), EventDraft("step/end", {"turn": True, "step": 1})],
+            "step/end names turn true/step 1 but open is turn 1/step 1",
+        ),
+        # An absent field is interpolated as "undefined" (a JSON null as "null").
+        ([EventDraft("turn/start", {})], "turn/start expected turn 1, got undefined"),
+        ([EventDraft("turn/start", {"turn": None})], "turn/start expected turn 1, got null"),
+        ([EventDraft("turn/start", {"turn": 1}), EventDraft("turn/end", {"reason": {}})], "turn/end undefined does not match open turn 1"),
+        ([EventDraft("turn/start", {"turn": 1}), EventDraft("step/start", {"turn": 1})], "step/start expected step 1 in turn 1, got undefined"),
+        ([EventDraft("assistant/chunk", {"chunk": {}})], "assistant/chunk names turn undefined/step undefined but open is turn null/step null"),
     ],
 )
 def test_invariant_violations(drafts: list[EventDraft], message: str) -> None:
@@ -131,6 +145,20 @@ def test_invariant_violations(drafts: list[EventDraft], message: str) -> None:
     assert str(info.value) == P + message
     assert info.value.code == "INVARIANT_VIOLATED"
     assert s.seq == 0  # the veto happened before anything committed
+
+
+def test_invariants_compare_numbers_by_value() -> None:
+    # 1.0 === 1 in the reference: an integral float names the same turn and step.
+    s = Session.create("s", validator=RelationalInvariants())
+    s.append_batch(
+        [
+            EventDraft("turn/start", {"turn": 1.0}),
+            EventDraft("step/start", {"turn": 1, "step": 1.0}),
+            EventDraft("step/end", {"turn": 1.0, "step": 1}),
+            EventDraft("turn/end", {"turn": 1, "reason": {"kind": "completed"}}),
+        ]
+    )
+    assert s.seq == 4
 
 
 def test_invariants_allow_synthetic_not_started_and_user_messages_anywhere() -> None:

@@ -37,6 +37,17 @@ def fresh(sid: str = "s") -> Session:
     [
         ({"version": 1}, "session header version must be 0, got 1"),
         ({"id": "other"}, 'session header id "other" does not match session id "s"'),
+        # Interpolated as the reference's String(value): JSON null is "null" (an absent
+        # key is "undefined", below), booleans lower-case, arrays joined, objects opaque.
+        ({"version": None}, "session header version must be 0, got null"),
+        ({"version": True}, "session header version must be 0, got true"),
+        ({"version": [1, 2]}, "session header version must be 0, got 1,2"),
+        ({"version": {"v": 0}}, "session header version must be 0, got [object Object]"),
+        ({"id": None}, 'session header id "null" does not match session id "s"'),
+        # Only this port refuses an integral float (docs/differences.md): its fraction shows.
+        ({"version": 0.0}, "session header version must be 0, got 0.0"),
+        ({"id": False}, 'session header id "false" does not match session id "s"'),
+        ({"id": ["s", None]}, 'session header id "s," does not match session id "s"'),
         ({"createdAt": "123"}, "session header createdAt must be a non-negative safe integer"),
         ({"createdAt": 1.5}, "session header createdAt must be a non-negative safe integer"),
         ({"createdAt": -1}, "session header createdAt must be a non-negative safe integer"),
@@ -59,6 +70,19 @@ def test_header_validation_messages(patch: dict[str, Any], message: str) -> None
             build({**header("s"), **patch})
         assert str(info.value) == message
         assert info.value.code == "INVALID_HEADER"
+
+
+def test_header_absent_version_and_id_read_undefined() -> None:
+    for build in (
+        lambda h: Session.create("s", header=h),
+        lambda h: Session.restore("s", [], h),
+    ):
+        with pytest.raises(HeaderError) as info:
+            build({"id": "s", "createdAt": 1})
+        assert str(info.value) == "session header version must be 0, got undefined"
+        with pytest.raises(HeaderError) as info:
+            build({"version": 0, "createdAt": 1})
+        assert str(info.value) == 'session header id "undefined" does not match session id "s"'
 
 
 def test_header_order_version_before_id() -> None:
@@ -225,6 +249,28 @@ def test_tool_result_replacement_rules() -> None:
     with pytest.raises(SurfaceError, match="may change only content"):
         s.append("tool/result", err, surface_op=ReplaceOp(1, 1), source_event_seqs=[1])
     assert s.seq == 3
+
+
+def test_tool_result_replacement_blanks_the_first_block_as_the_reference_spreads_it() -> None:
+    # The reference compares ``{...data, message: {...message, content: [{...content[0],
+    # content: null}]}}``: a missing first block (empty content) and a scalar one
+    # spread to nothing, so each blanks to ``[{content: null}]``.
+    def pair(before: list[Any], after: list[Any]) -> Session:
+        s = Session.create("s")
+        first = tool_result("c1")
+        first["message"]["content"] = before
+        s.append("tool/result", first, surface_op="append")
+        second = tool_result("c1")
+        second["message"]["content"] = after
+        s.append("tool/result", second, surface_op=ReplaceOp(0, 0), source_event_seqs=[0])
+        return s
+
+    restored = [{"content": [{"type": "text", "text": "restored"}]}]
+    assert list(pair([], restored).surface) == [1]
+    assert list(pair([None], [7]).surface) == [1]
+    assert list(pair(["ab"], [{"0": "a", "1": "b", "content": []}]).surface) == [1]
+    with pytest.raises(SurfaceError, match="may change only content"):
+        pair([], [{"type": "tool-result", "content": []}])  # a key the blank block lacks
 
 
 def test_user_replacement_may_shadow_tool_results() -> None:

@@ -166,6 +166,22 @@ async def test_event_listener_failures_are_contained(caplog: pytest.LogCaptureFi
         assert "session/disposed listener threw: RuntimeError: gone wrong" in caplog.text
 
 
+async def test_listener_failure_without_a_message_is_logged_as_its_type(caplog: pytest.LogCaptureFixture) -> None:
+    # JS String(new Error()) is "Error": no ": " before an empty message.
+    caplog.set_level(logging.WARNING, "harness.store")
+    async with open_store() as store:
+
+        def bad(h: SessionHandle, ev: Any) -> None:
+            raise ValueError
+
+        store.on_event(bad)
+        s = await store.create("s")
+        await s.append("a/b", 1)
+        assert [r.getMessage() for r in caplog.records if "listener threw" in r.getMessage()] == [
+            'session "s": session/event listener threw: ValueError'
+        ]
+
+
 async def test_pre_commit_hook_vetoes_whole_batch() -> None:
     async with open_store() as store:
         def hook(h: SessionHandle, events: tuple[Any, ...]) -> None:
@@ -289,6 +305,10 @@ async def test_fork_errors_in_reference_order() -> None:
             ("missing", 0, None, SessionNotFoundError, 'session "missing" not found'),
             (s, -1, None, InvalidBoundaryError, 'fork boundary for session "s" must be a non-negative safe integer, got -1'),
             (s, 1.5, None, InvalidBoundaryError, "must be a non-negative safe integer, got 1.5"),
+            # String(boundary), as the reference interpolates it.
+            (s, True, None, InvalidBoundaryError, "must be a non-negative safe integer, got true"),
+            (s, 2.0, None, InvalidBoundaryError, "must be a non-negative safe integer, got 2.0"),
+            (s, [1, None], None, InvalidBoundaryError, "must be a non-negative safe integer, got 1,"),
             (s, 9, None, InvalidBoundaryError, 'fork boundary 9 does not exist in session "s" (last seq: 3)'),
             (s, 1, None, OpenTurnError, 'fork boundary 1 in session "s" ends inside open turn 1'),
             (s, 3, None, OpenTurnError, "ends inside open turn 2"),
@@ -312,6 +332,19 @@ async def test_fork_errors_in_reference_order() -> None:
         with pytest.raises(SessionNotLiveError) as nl:
             await store.fork(s, 2)
         assert nl.value.code == "SESSION_NOT_LIVE" and str(nl.value) == 'session "s" is not the live store instance'
+
+
+async def test_fork_open_turn_shows_the_turn_value_as_the_reference() -> None:
+    # ``ends inside open turn ${data.turn}``: an absent turn is "undefined", a JSON
+    # null "null", a boolean lower-case.
+    async with open_store() as store:
+        for sid, data, shown in (("a", {}, "undefined"), ("n", {"turn": None}, "null"), ("b", {"turn": True}, "true")):
+            s = await store.create(sid)
+            await s.append("turn/start", data)
+            with pytest.raises(OpenTurnError) as info:
+                await store.fork(s, 0)
+            assert str(info.value) == f'fork boundary 0 in session "{sid}" ends inside open turn {shown}'
+        assert [h.id for h in await store.list()] == ["a", "n", "b"]  # no child created
 
 
 # -- concurrency and shutdown -----------------------------------------------------------

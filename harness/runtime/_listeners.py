@@ -36,8 +36,10 @@ FlushListener = Callable[["SessionHandle"], "Awaitable[None] | None"]
 
 
 def describe(exc: BaseException) -> str:
-    """``Type: message`` (the reference logs JS ``String(error)``, e.g. ``Error: boom``)."""
-    return f"{type(exc).__name__}: {exc}"
+    """``Type: message`` (the reference logs JS ``String(error)``, e.g. ``Error: boom``);
+    the bare ``Type`` for an empty message, as ``String(new Error())`` is ``Error``."""
+    message = str(exc)
+    return f"{type(exc).__name__}: {message}" if message else type(exc).__name__
 
 
 class Listeners:

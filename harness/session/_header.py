@@ -11,7 +11,15 @@ import attrs
 
 from harness.errors import HeaderError, NotJsonError, SessionIdError
 from harness.session._events import is_nonneg_safe_int
-from harness.session._json import FrozenDict, RawJson, adopt, raw_of, snapshot_raw
+from harness.session._json import (
+    FrozenDict,
+    RawJson,
+    adopt,
+    js_string,
+    raw_of,
+    shown_safe_int,
+    snapshot_raw,
+)
 
 SESSION_FORMAT_VERSION: Final = 0
 
@@ -150,16 +158,17 @@ def validate_header_record(raw: RawJson, session_id: str) -> SessionHeader:
     """
     if type(raw) is not dict:
         raise HeaderError("session header is not a plain JSON record", session_id=session_id)
-    version = raw.get("version")
+    version = raw.get("version", _ABSENT)
     if version != SESSION_FORMAT_VERSION or type(version) is not int:
         raise HeaderError(
-            f"session header version must be {SESSION_FORMAT_VERSION}, got {_fmt(version)}",
+            f"session header version must be {SESSION_FORMAT_VERSION}, got "
+            f"{'undefined' if version is _ABSENT else shown_safe_int(version)}",
             session_id=session_id,
         )
-    hid = raw.get("id")
-    if hid != session_id:
+    hid = raw.get("id", _ABSENT)
+    if type(hid) is not str or hid != session_id:
         raise HeaderError(
-            f'session header id "{_fmt_plain(hid)}" does not match session id "{session_id}"',
+            f'session header id "{_js(hid)}" does not match session id "{session_id}"',
             session_id=session_id,
         )
     if not is_nonneg_safe_int(raw.get("createdAt")):
@@ -222,16 +231,10 @@ def snapshot_header(value: object, session_id: str) -> SessionHeader:
     return validate_header_record(raw, session_id)
 
 
-def _fmt(v: object) -> str:
-    # JS String(v) for the few types a version can take
-    if v is None:
-        return "undefined"
-    if v is True:
-        return "true"
-    if v is False:
-        return "false"
-    return str(v)
+_ABSENT: Final[Any] = object()
+"""A header key that is not there (JavaScript's ``undefined``; ``None`` is ``null``)."""
 
 
-def _fmt_plain(v: object) -> str:
-    return "undefined" if v is None else str(v)
+def _js(v: object) -> str:
+    """The reference's ``String(v)`` of a header field (``undefined`` when absent)."""
+    return "undefined" if v is _ABSENT else js_string(v)

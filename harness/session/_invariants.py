@@ -57,10 +57,6 @@ class Trace:
     stale_starts: frozenset[int] = frozenset()
 
 
-def _fmt(v: object) -> str:
-    return "null" if v is None else str(v)
-
-
 def _js(v: object) -> str:
     """``String(v)`` of a JSON value, as JavaScript renders it in the reference's text."""
     if v is _ABSENT:
@@ -178,40 +174,45 @@ class RelationalInvariants:
     def _core(self, s: Trace, event: Event, t: str, d: dict[str, Any]) -> Trace:
         """The session-core rules (session-core reference §11)."""
         if t == "turn/start":
-            turn = d.get("turn")
+            turn = d.get("turn", _ABSENT)
             if s.open_turn is not None:
-                raise InvariantError(f"turn/start {_fmt(turn)} while turn {s.open_turn} is still open")
-            if turn != s.next_turn:
-                raise InvariantError(f"turn/start expected turn {s.next_turn}, got {_fmt(turn)}")
+                raise InvariantError(f"turn/start {_js(turn)} while turn {_js(s.open_turn)} is still open")
+            if not _same(turn, s.next_turn):
+                raise InvariantError(f"turn/start expected turn {s.next_turn}, got {_js(turn)}")
             return attrs.evolve(s, open_turn=turn, open_step=None, next_step=1, pending=frozenset())
         if t == "turn/end":
-            turn = d.get("turn")
-            if turn != s.open_turn or s.open_turn is None:
-                raise InvariantError(f"turn/end {_fmt(turn)} does not match open turn {_fmt(s.open_turn)}")
+            turn = d.get("turn", _ABSENT)
+            if s.open_turn is None or not _same(turn, s.open_turn):
+                raise InvariantError(f"turn/end {_js(turn)} does not match open turn {_js(s.open_turn)}")
             if s.open_step is not None:
-                raise InvariantError(f"turn/end {_fmt(turn)} while step {s.open_step} is still open")
+                raise InvariantError(f"turn/end {_js(turn)} while step {_js(s.open_step)} is still open")
             return attrs.evolve(
                 s, open_turn=None, open_step=None, next_turn=s.next_turn + 1, pending=frozenset()
             )
         if t == "step/start":
-            turn, step = d.get("turn"), d.get("step")
-            if turn != s.open_turn or s.open_turn is None:
+            turn, step = d.get("turn", _ABSENT), d.get("step", _ABSENT)
+            if s.open_turn is None or not _same(turn, s.open_turn):
                 raise InvariantError(
-                    f"step/start in turn {_fmt(turn)} but open turn is {_fmt(s.open_turn)}"
+                    f"step/start in turn {_js(turn)} but open turn is {_js(s.open_turn)}"
                 )
             if s.open_step is not None:
-                raise InvariantError(f"step/start {_fmt(step)} while step {s.open_step} is still open")
-            if step != s.next_step:
+                raise InvariantError(f"step/start {_js(step)} while step {_js(s.open_step)} is still open")
+            if not _same(step, s.next_step):
                 raise InvariantError(
-                    f"step/start expected step {s.next_step} in turn {_fmt(turn)}, got {_fmt(step)}"
+                    f"step/start expected step {s.next_step} in turn {_js(turn)}, got {_js(step)}"
                 )
             return attrs.evolve(s, open_step=step)
         if t in _TURN_SCOPED or (t == "tool/result" and not isinstance(event.surface_op, ReplaceOp)):
-            turn, step = d.get("turn"), d.get("step")
-            if s.open_turn is None or turn != s.open_turn or step != s.open_step or s.open_step is None:
+            turn, step = d.get("turn", _ABSENT), d.get("step", _ABSENT)
+            if (
+                s.open_turn is None
+                or s.open_step is None
+                or not _same(turn, s.open_turn)
+                or not _same(step, s.open_step)
+            ):
                 raise InvariantError(
-                    f"{t} names turn {_fmt(turn)}/step {_fmt(step)} but open is "
-                    f"turn {_fmt(s.open_turn)}/step {_fmt(s.open_step)}"
+                    f"{t} names turn {_js(turn)}/step {_js(step)} but open is "
+                    f"turn {_js(s.open_turn)}/step {_js(s.open_step)}"
                 )
             if t == "step/end":
                 return attrs.evolve(s, open_step=None, next_step=s.next_step + 1, pending=frozenset())

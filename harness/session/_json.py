@@ -539,6 +539,48 @@ def thaw(value: JsonValue | RawJson) -> Any:
     return root
 
 
+def js_string(value: object) -> str:
+    """JavaScript's ``String(value)`` of a JSON value, as the reference interpolates
+    one into an error message (``None`` is JSON ``null``: a caller renders an absent
+    value as ``undefined`` itself). ``true``/``false``; an integral float as an
+    integer (``2.0`` is ``2``); an array's elements joined by ``,`` (``null`` as the
+    empty string); an object as ``[object Object]``."""
+    if value is None:
+        return "null"
+    if value is True:
+        return "true"
+    if value is False:
+        return "false"
+    t = type(value)
+    if t is str:
+        return value  # type: ignore[return-value]
+    if t is float:
+        f: float = value  # type: ignore[assignment]
+        if math.isnan(f):
+            return "NaN"
+        if math.isinf(f):
+            return "Infinity" if f > 0 else "-Infinity"
+        if f.is_integer() and abs(f) < 1e21:
+            return str(int(f))
+        mantissa, e, exponent = repr(f).partition("e")
+        # JS writes no leading zero in an exponent: 1e-7, not 1e-07.
+        return f"{mantissa}e{exponent[0]}{exponent[1:].lstrip('0') or '0'}" if e else mantissa
+    if isinstance(value, Mapping):
+        return "[object Object]"
+    if t in ARRAY or t is FrozenList:
+        return ",".join("" if item is None else js_string(item) for item in value)  # type: ignore[attr-defined]
+    return str(value)
+
+
+def shown_safe_int(value: object) -> str:
+    """:func:`js_string` of a value refused as a safe integer, except that an integral
+    float shows its fraction (``2.0``): the reference takes it as the integer, so only
+    this port refuses it, and ``got 2`` would not say why."""
+    if type(value) is float and value.is_integer():
+        return repr(value)
+    return js_string(value)
+
+
 def raw_equal(a: RawJson, b: RawJson, *, ordered: bool = False) -> bool:
     """Deep equality of two JSON values under JSON's rules, safe at any depth.
 

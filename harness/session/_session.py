@@ -318,14 +318,14 @@ class Session(SessionState):
                     best = turn
         return best
 
-    def _turn_of(self, seq: int) -> Any:
-        """The frozen ``turn`` value in the data of event ``seq`` (``None`` if none)."""
+    def _turn_of(self, seq: int, absent: Any = None) -> Any:
+        """The frozen ``turn`` value in the data of event ``seq`` (``absent`` if none)."""
         data = self._events.data_at(seq)
-        return view(data.get("turn")) if type(data) is dict else None
+        return view(data.get("turn", absent)) if type(data) is dict else absent
 
-    def open_turn_at(self, seq: int) -> Any:
+    def open_turn_at(self, seq: int, absent: Any = None) -> Any:
         """If the last ``turn/start``/``turn/end`` at or before ``seq`` is a
-        ``turn/start``, its ``turn`` value (``None`` when its data has none); else
+        ``turn/start``, its ``turn`` value (``absent`` when its data has none); else
         ``_NO_TURN``. O(log n)."""
         marks = self._turn_marks
         k = bisect.bisect_right(marks, seq) - 1
@@ -334,7 +334,7 @@ class Session(SessionState):
         mark = marks[k]
         if self._events.type_at(mark) != "turn/start":
             return NO_TURN
-        return self._turn_of(mark)
+        return self._turn_of(mark, absent)
 
     def replay(self, validator: AppendValidator) -> Any:
         """The state ``validator`` reaches over the whole log, as if it had checked every

@@ -182,7 +182,10 @@ def _check_sources(type_: str, seq: int, raw: RawJson) -> tuple[int, ...]:
 
 
 def _blank_tool_result(data: RawJson) -> RawJson:
-    """The tool/result data with only its replaceable content blanked (rule §4.1.6)."""
+    """The tool/result data with only its replaceable content blanked (rule §4.1.6):
+    ``message.content`` collapsed to ``[{...content[0], content: null}]``, as the
+    reference spreads the first block (an empty list's missing block, or a scalar,
+    spreads to nothing; a string or an array to its indexes)."""
     if type(data) is not dict:
         return data
     out = dict(data)
@@ -190,12 +193,16 @@ def _blank_tool_result(data: RawJson) -> RawJson:
     if type(message) is dict:
         message = dict(message)
         content = message.get("content")
-        if type(content) in ARRAY and content:
-            first = content[0]
+        if type(content) in ARRAY:
+            first: Any = content[0] if content else None
             if type(first) is dict:
-                first = dict(first)
-                first["content"] = None
-            message["content"] = [first]
+                block = dict(first)
+            elif type(first) is str or type(first) in ARRAY:
+                block = {str(i): v for i, v in enumerate(first)}
+            else:
+                block = {}
+            block["content"] = None
+            message["content"] = [block]
         out["message"] = message
     return out
 
