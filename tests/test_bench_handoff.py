@@ -6,7 +6,10 @@ from __future__ import annotations
 import ctypes
 import errno
 import os
+import struct
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
@@ -58,3 +61,55 @@ def test_without_io_uring_the_other_forms_are_measured_and_the_reason_given(monk
         r = results[f"W19-{form}"]
         assert r.extra["blocks"] == 1 and r.extra["per_message_us"] > 0 and r.ratio is not None
     assert results["W19-inline"].extra["ratio_to_inline"] == 1.0
+
+
+def _open_fds() -> list[str]:
+    return sorted(os.listdir("/proc/self/fd"))
+
+
+def _ring_maps() -> int:
+    return Path("/proc/self/maps").read_text().count("io_uring")
+
+
+def _wrap_syscall(monkeypatch: pytest.MonkeyPatch, hook: Callable[..., int]) -> None:
+    real = _uring._libc_syscall()
+    monkeypatch.setattr(_uring, "_libc_syscall", lambda: lambda nr, *args: hook(real, nr, *args))
+
+
+@pytest.mark.skipif(URING_MISSING is not None, reason=f"no io_uring here: {URING_MISSING}")
+def test_a_kernel_before_5_6_is_unavailable_not_a_failing_write(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Linux 5.4 and 5.5 set a ring up, but have no IORING_OP_WRITE, IOSQE_ASYNC or
+    # offset -1: W19 would pass unavailable() and then fail on its first write.
+    def before_5_6(real: Any, nr: int, *args: Any) -> int:
+        fd: int = real(nr, *args)
+        if nr == _uring._SETUP and fd >= 0:
+            params = args[1]
+            (features,) = struct.unpack_from("I", params, 20)
+            struct.pack_into("I", params, 20, features & ~_uring._FEAT_RW_CUR_POS)
+        return fd
+
+    _wrap_syscall(monkeypatch, before_5_6)
+    fds, maps = _open_fds(), _ring_maps()
+    with pytest.raises(OSError, match="RW_CUR_POS"):
+        _uring.Ring()
+    assert (_open_fds(), _ring_maps()) == (fds, maps)
+    assert _uring.unavailable() == "the kernel's io_uring lacks IORING_FEAT_RW_CUR_POS (Linux < 5.6)"
+
+
+@pytest.mark.skipif(URING_MISSING is not None, reason=f"no io_uring here: {URING_MISSING}")
+def test_a_ring_failing_half_way_closes_what_it_opened_and_names_the_step(monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse_register(real: Any, nr: int, *args: Any) -> int:
+        if nr == _uring._REGISTER:
+            ctypes.set_errno(errno.EPERM)
+            return -1
+        result: int = real(nr, *args)
+        return result
+
+    _wrap_syscall(monkeypatch, refuse_register)
+    fds, maps = _open_fds(), _ring_maps()
+    with pytest.raises(OSError, match="io_uring_register") as caught:
+        _uring.Ring()
+    assert caught.value.errno == errno.EPERM
+    assert (_open_fds(), _ring_maps()) == (fds, maps)  # the ring's fd, its eventfd, both mmaps
+    # The reason names the step that failed (the setup itself succeeded).
+    assert _uring.unavailable() == "io_uring_register(EVENTFD) failed: Operation not permitted"

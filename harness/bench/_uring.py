@@ -1,5 +1,8 @@
 """A minimal io_uring ring over ``ctypes`` (Linux 5.6+), for W19's measurement of a
 durable write with no worker thread of ours (decision 0025). Not used by the runtime.
+``IORING_OP_WRITE``, ``IOSQE_ASYNC`` and offset -1 (the file's position) came in 5.6
+with ``IORING_FEAT_RW_CUR_POS``, which :class:`Ring` requires: on 5.4 and 5.5 a ring sets
+up but W19's write would fail, so :func:`unavailable` says so instead.
 
 What it relies on, and why that is enough here:
 
@@ -22,13 +25,14 @@ import mmap
 import os
 import struct
 import sys
-from typing import Final
+from typing import Any, Final
 
 _SETUP: Final = 425
 _ENTER: Final = 426
 _REGISTER: Final = 427
 _REGISTER_EVENTFD: Final = 4
 _FEAT_SINGLE_MMAP: Final = 1
+_FEAT_RW_CUR_POS: Final = 8
 _OFF_SQES: Final = 0x10000000
 _SQE: Final = struct.Struct("BBHiQQIIQHHiQQ")  # struct io_uring_sqe, 64 bytes
 _CQE: Final = struct.Struct("QiI")  # struct io_uring_cqe, 16 bytes
@@ -42,14 +46,25 @@ SQE_ASYNC: Final = 16
 
 
 def unavailable() -> str | None:
-    """Why no ring can be set up here (``None``: it can)."""
+    """Why no ring can be set up here (``None``: it can), naming the step that failed."""
     if not sys.platform.startswith("linux"):
         return f"io_uring is Linux only (this is {sys.platform})"
     try:
         Ring(2).close()
     except OSError as exc:
-        return f"io_uring_setup failed: {exc.strerror or exc}"
+        return exc.strerror or str(exc)
     return None
+
+
+def _libc_syscall() -> Any:
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall.restype = ctypes.c_long
+    return libc.syscall
+
+
+def _failed(step: str) -> OSError:
+    err = ctypes.get_errno()
+    return OSError(err, f"{step} failed: {os.strerror(err)}")
 
 
 class Ring:
@@ -57,14 +72,11 @@ class Ring:
     registered for its completions. Single-threaded: one task submits and reaps."""
 
     def __init__(self, entries: int = 8) -> None:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.syscall.restype = ctypes.c_long
-        self._syscall = libc.syscall
+        self._syscall = _libc_syscall()
         params = ctypes.create_string_buffer(120)  # struct io_uring_params
         fd = self._syscall(_SETUP, ctypes.c_uint(entries), params)
         if fd < 0:
-            err = ctypes.get_errno()
-            raise OSError(err, os.strerror(err))
+            raise _failed("io_uring_setup")
         self.fd = int(fd)
         self.efd = -1
         try:
@@ -72,12 +84,16 @@ class Ring:
             sq_entries, cq_entries, _flags, _cpu, _idle, features = struct.unpack_from("6I", raw, 0)
             sq = struct.unpack_from("7I", raw, 40)  # head, tail, mask, entries, flags, dropped, array
             cq = struct.unpack_from("7I", raw, 80)  # head, tail, mask, entries, overflow, cqes, flags
-            if not features & _FEAT_SINGLE_MMAP:
-                raise OSError(0, "the kernel's io_uring lacks IORING_FEAT_SINGLE_MMAP (Linux < 5.4)")
+            for bit, name in ((_FEAT_SINGLE_MMAP, "SINGLE_MMAP"), (_FEAT_RW_CUR_POS, "RW_CUR_POS")):
+                if not features & bit:
+                    raise OSError(0, f"the kernel's io_uring lacks IORING_FEAT_{name} (Linux < 5.6)")
             size = max(sq[6] + sq_entries * 4, cq[5] + cq_entries * _CQE.size)
             prot = mmap.PROT_READ | mmap.PROT_WRITE
-            self._ring = mmap.mmap(self.fd, size, mmap.MAP_SHARED, prot, offset=0)
-            self._sqes = mmap.mmap(self.fd, sq_entries * _SQE.size, mmap.MAP_SHARED, prot, offset=_OFF_SQES)
+            try:
+                self._ring = mmap.mmap(self.fd, size, mmap.MAP_SHARED, prot, offset=0)
+                self._sqes = mmap.mmap(self.fd, sq_entries * _SQE.size, mmap.MAP_SHARED, prot, offset=_OFF_SQES)
+            except OSError as exc:
+                raise OSError(exc.errno, f"io_uring mmap failed: {exc.strerror}") from exc
             self._sq_tail_at, self._sq_mask = sq[1], _U32.unpack_from(self._ring, sq[2])[0]
             self._cq_head_at, self._cq_tail_at, self._cqes_at = cq[0], cq[1], cq[5]
             self._cq_mask = _U32.unpack_from(self._ring, cq[2])[0]
@@ -88,8 +104,7 @@ class Ring:
             self.efd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
             efd = ctypes.c_int(self.efd)
             if self._syscall(_REGISTER, self.fd, _REGISTER_EVENTFD, ctypes.byref(efd), 1) < 0:
-                err = ctypes.get_errno()
-                raise OSError(err, os.strerror(err))
+                raise _failed("io_uring_register(EVENTFD)")
         except BaseException:
             self.close()
             raise
@@ -110,8 +125,7 @@ class Ring:
         _U32.pack_into(self._ring, self._sq_tail_at, self._tail)
         count, self._queued = self._queued, 0
         if self._syscall(_ENTER, self.fd, count, 0, 0, None, 0) < 0:
-            err = ctypes.get_errno()
-            raise OSError(err, os.strerror(err))
+            raise _failed("io_uring_enter")
 
     def reap(self) -> list[tuple[int, int]]:
         """The completions posted so far, as ``(user_data, result)``; read the eventfd
