@@ -113,3 +113,14 @@ def test_a_ring_failing_half_way_closes_what_it_opened_and_names_the_step(monkey
     assert (_open_fds(), _ring_maps()) == (fds, maps)  # the ring's fd, its eventfd, both mmaps
     # The reason names the step that failed (the setup itself succeeded).
     assert _uring.unavailable() == "io_uring_register(EVENTFD) failed: Operation not permitted"
+
+
+def test_a_ring_that_cannot_be_set_up_leaves_no_file_open(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def refused(entries: int = 8) -> _uring.Ring:
+        raise OSError(errno.EPERM, "io_uring_setup failed: Operation not permitted")
+
+    monkeypatch.setattr(_uring, "Ring", refused)
+    fds = _open_fds()
+    with pytest.raises(OSError, match="io_uring_setup"):
+        _handoff.measure(100, tmp_path)
+    assert _open_fds() == fds  # the three forms' files were opened before the ring

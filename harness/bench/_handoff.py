@@ -90,10 +90,12 @@ def measure(count: int, root: Path, forms: tuple[str, ...] = FORMS) -> dict[str,
 
     async def main() -> dict[str, list[float]]:
         fds = {f: os.open(root / f"{f}.jsonl", os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644) for f in ("inline", "thread", "uring")}
-        ring = _uring.Ring() if "uring" in order else None
+        ring: _uring.Ring | None = None
         line = ctypes.create_string_buffer(LINE, len(LINE))
         kind, data = bench_payload(0)
         try:
+            if "uring" in order:
+                ring = _uring.Ring()
             async with open_store(clock=_clock) as store, open_persistence(store, JsonlBackend(root / "harness")):
                 handle = await store.create("w19", cwd="/bench")
                 await handle.append(kind, data, surface_op="append", durable=True)  # materialize: not timed
