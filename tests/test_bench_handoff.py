@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 import trio
+import trio.lowlevel
 
 from harness.bench import _handoff, _uring
 from harness.persistence import JsonlBackend
@@ -124,3 +125,45 @@ def test_a_ring_that_cannot_be_set_up_leaves_no_file_open(tmp_path: Path, monkey
     with pytest.raises(OSError, match="io_uring_setup"):
         _handoff.measure(100, tmp_path)
     assert _open_fds() == fds  # the three forms' files were opened before the ring
+
+
+@pytest.mark.skipif(URING_MISSING is not None, reason=f"no io_uring here: {URING_MISSING}")
+def test_the_ring_keeps_its_completions_straight_far_past_its_size(tmp_path: Path) -> None:
+    # A 2-entry ring (4 completion slots) through 40 messages: the slots wrap 20 and
+    # 10 times. Each completion is its own (user_data, result), the file has grown by one
+    # line when the wait returns, and a broken ring fails the deadline instead of hanging.
+    path = tmp_path / "wrap.jsonl"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    ring = _uring.Ring(2)
+    line = ctypes.create_string_buffer(_handoff.LINE, len(_handoff.LINE))
+    size = len(_handoff.LINE)
+
+    async def one(k: int) -> list[tuple[int, int]]:
+        ring.prepare(_uring.OP_WRITE, fd, flags=_uring.SQE_IO_LINK, addr=ctypes.addressof(line), length=size, user_data=2 * k + 1)
+        ring.prepare(_uring.OP_FSYNC, fd, offset=0, op_flags=_uring.FSYNC_DATASYNC, user_data=2 * k + 2)
+        ring.submit()
+        got: list[tuple[int, int]] = []
+        while len(got) < 2:
+            await trio.lowlevel.wait_readable(ring.efd)
+            try:
+                os.read(ring.efd, 8)
+            except BlockingIOError:
+                continue
+            got.extend(ring.reap())
+        return got
+
+    async def main() -> None:
+        with trio.fail_after(60):
+            for k in range(20):
+                assert await one(k) == [(2 * k + 1, size), (2 * k + 2, 0)]
+            for k in range(20, 40):
+                await _handoff._uring_write(ring, fd, ctypes.addressof(line))
+                assert os.fstat(fd).st_size == (k + 1) * size
+                assert ring.reap() == []
+
+    try:
+        trio.run(main)
+    finally:
+        ring.close()
+        os.close(fd)
+    assert path.read_bytes() == _handoff.LINE * 40
