@@ -9,10 +9,17 @@ What it relies on, and why that is enough here:
 * **No SQPOLL.** The kernel reads the submission queue inside our own
   ``io_uring_enter``, on the submitting thread, so the entries written before the tail
   (plain stores through ``struct.pack_into``) are seen in program order.
-* **Completions are read after the eventfd is.** The kernel posts a completion, then
-  signals the registered eventfd under its lock; the reader's ``read`` of that eventfd
-  takes the same lock, so the completions posted before the signal are visible after it
-  (``ctypes`` cannot issue the acquire load liburing uses on the tail).
+* **x86-64's ordering for the completion queue** (:func:`unavailable` offers the ring
+  nowhere else). ``ctypes`` cannot issue the acquire load liburing uses on the
+  completion tail, nor the release store on the head. The kernel writes each completion
+  before its store-release of the tail, and on x86-64 a load is not reordered with an
+  older load, nor a store with an older load (TSO): a tail read shows every completion
+  before it, and the head is stored after those completions were read. Reading the
+  eventfd first is not enough by itself: the kernel signals it after posting, under the
+  eventfd's lock, which the ``read`` takes too, but that covers only the completions
+  signalled before the ``read``, while :meth:`Ring.reap` takes every one up to the tail
+  it sees (the fdatasync's can be posted in between). On a weakly ordered CPU (arm64)
+  such a completion could be read stale.
 * **``IOSQE_ASYNC`` on the write.** The kernel runs it on its own worker instead of
   inline in ``io_uring_enter``, so the submitting (Trio) thread does no file I/O; the
   linked fdatasync always runs there.
@@ -23,6 +30,7 @@ from __future__ import annotations
 import ctypes
 import mmap
 import os
+import platform
 import struct
 import sys
 from typing import Any, Final
@@ -49,6 +57,8 @@ def unavailable() -> str | None:
     """Why no ring can be set up here (``None``: it can), naming the step that failed."""
     if not sys.platform.startswith("linux"):
         return f"io_uring is Linux only (this is {sys.platform})"
+    if (machine := platform.machine()) != "x86_64":
+        return f"this ring's memory ordering holds on x86-64 only (this is {machine}; see harness/bench/_uring.py)"
     try:
         Ring(2).close()
     except OSError as exc:
