@@ -176,3 +176,42 @@ def test_off_x86_64_the_ring_is_not_offered(monkeypatch: pytest.MonkeyPatch) -> 
     assert _uring.unavailable() == (
         "this ring's memory ordering holds on x86-64 only (this is aarch64; see harness/bench/_uring.py)"
     )
+
+
+@pytest.mark.skipif(URING_MISSING is not None, reason=f"no io_uring here: {URING_MISSING}")
+def test_more_entries_than_slots_between_submits_is_refused(tmp_path: Path) -> None:
+    ring = _uring.Ring(2)
+    try:
+        ring.prepare(_uring.OP_FSYNC, 0, user_data=1)
+        ring.prepare(_uring.OP_FSYNC, 0, user_data=2)
+        with pytest.raises(ValueError, match="fill the ring's 2 slots"):
+            ring.prepare(_uring.OP_FSYNC, 0, user_data=3)  # would overwrite the first
+    finally:
+        ring.close()
+
+
+@pytest.mark.skipif(URING_MISSING is not None, reason=f"no io_uring here: {URING_MISSING}")
+def test_a_short_submit_is_an_error_not_a_hang(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def short(real: Any, nr: int, *args: Any) -> int:
+        if nr == _uring._ENTER:
+            return 1  # took one of the two, as under memory pressure
+        result: int = real(nr, *args)
+        return result
+
+    _wrap_syscall(monkeypatch, short)
+    fd = os.open(tmp_path / "short.jsonl", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    ring = _uring.Ring()
+    line = ctypes.create_string_buffer(_handoff.LINE, len(_handoff.LINE))
+    try:
+        with pytest.raises(OSError, match="took 1 of 2 entries"):
+            trio.run(_handoff._uring_write, ring, fd, ctypes.addressof(line))
+    finally:
+        ring.close()
+        os.close(fd)
+
+
+def test_every_workload_has_its_description_and_no_more() -> None:
+    from harness.bench._cli import WORKLOADS
+    from harness.bench._descriptions import DESCRIPTIONS
+
+    assert set(DESCRIPTIONS) == set(WORKLOADS)

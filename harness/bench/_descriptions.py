@@ -24,7 +24,8 @@ DESCRIPTIONS: dict[str, str] = {
     "W17-durable-*: append(durable=True))",
     "W18": "8 processes x 50 sessions, bursts of appends on one SQLite file / PostgreSQL database; "
     "0 errors, 0 lost, 0 reordered (issue 26's W13)",
-    "W19": "one durable write handed off from Trio: inline (the floor), to_thread, io_uring + eventfd, append(durable=True)",
+    "W19": "one durable write handed off from Trio: W19-inline (the floor), -thread (to_thread), -uring "
+    "(io_uring + eventfd), -harness (append(durable=True))",
     "M1": "memory retained by a restored session",
 }
 """One line per workload, for ``harness bench --help`` (docs/architecture.md, Performance)."""

@@ -111,6 +111,7 @@ class Ring:
                 _U32.pack_into(self._ring, sq[6] + 4 * i, i)
             self._tail = _U32.unpack_from(self._ring, self._sq_tail_at)[0]
             self._queued = 0
+            self._sq_entries = sq_entries
             self.efd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
             efd = ctypes.c_int(self.efd)
             if self._syscall(_REGISTER, self.fd, _REGISTER_EVENTFD, ctypes.byref(efd), 1) < 0:
@@ -122,7 +123,10 @@ class Ring:
     def prepare(self, opcode: int, fd: int, *, flags: int = 0, addr: int = 0, length: int = 0,
                 offset: int = -1, op_flags: int = 0, user_data: int = 0) -> None:
         """Fill the next submission entry (sent by :meth:`submit`). ``offset=-1``: the
-        file's position (an ``O_APPEND`` file appends)."""
+        file's position (an ``O_APPEND`` file appends). More entries than the ring has
+        slots between two submits is a ``ValueError`` (they would overwrite each other)."""
+        if self._queued >= self._sq_entries:
+            raise ValueError(f"io_uring: {self._queued} entries prepared and not submitted fill the ring's {self._sq_entries} slots")
         slot = self._tail & self._sq_mask
         _SQE.pack_into(self._sqes, slot * _SQE.size, opcode, flags, 0, fd, offset & 0xFFFF_FFFF_FFFF_FFFF,
                        addr, length, op_flags, user_data, 0, 0, 0, 0, 0)
@@ -134,8 +138,11 @@ class Ring:
         no completion is waited for)."""
         _U32.pack_into(self._ring, self._sq_tail_at, self._tail)
         count, self._queued = self._queued, 0
-        if self._syscall(_ENTER, self.fd, count, 0, 0, None, 0) < 0:
+        taken = self._syscall(_ENTER, self.fd, count, 0, 0, None, 0)
+        if taken < 0:
             raise _failed("io_uring_enter")
+        if taken != count:  # the kernel ran short (memory): the wait for the rest would hang
+            raise OSError(0, f"io_uring_enter took {taken} of {count} entries")
 
     def reap(self) -> list[tuple[int, int]]:
         """The completions posted so far, as ``(user_data, result)``; read the eventfd
