@@ -110,7 +110,7 @@ def test_header_only_file_and_empty_file(tmp_path: Path) -> None:
         ({**HEADER, "version": -1}, SessionFormatUnsupportedError, "older than the supported v0"),
         ({"version": 7, "junk": True, "id": "s", "cwd": "/w"}, SessionFormatUnsupportedError, "log format v7"),
         ({**HEADER, "createdAt": -5}, SessionCorruptionError, "first line is not a session header"),
-        ({**HEADER, "sandboxMode": "x"}, SessionCorruptionError, "retired policy baseline fields"),
+        ({**HEADER, "delegationDepth": 0, "sandboxMode": "x"}, SessionCorruptionError, "retired policy baseline fields"),
     ],
 )
 def test_header_refusals(tmp_path: Path, header: dict[str, Any], error: type[Exception], message: str) -> None:
@@ -164,3 +164,70 @@ def test_chunk_rows_are_written_packed_and_read_back(tmp_path: Path) -> None:
     text = (b.session_dir(HEADER) / "session.jsonl").read_bytes().decode()
     assert text.count("\n") == 2 and '"text-chunks"' in text
     assert b.load("s").records == chunks
+
+
+# -- values in the reading rules' messages, as the reference's String() (audit-pers) ----------
+
+
+@pytest.mark.parametrize(
+    ("raw_id", "shown"),
+    [(123, "123"), (True, "true"), (None, "null"), ([1, 2], "1,2"), ({"a": 1}, "[object Object]"), (..., "undefined")],
+)
+def test_format_refusal_names_the_records_own_id_as_string_does(tmp_path: Path, raw_id: Any, shown: str) -> None:
+    b = JsonlBackend(tmp_path)
+    d = b.session_dir(HEADER)
+    d.mkdir(parents=True)
+    raw: dict[str, Any] = {"type": "session", "version": 42}
+    if raw_id is not ...:
+        raw["id"] = raw_id
+    (d / "session.jsonl").write_bytes(orjson.dumps(raw) + b"\n")
+    with pytest.raises(SessionFormatUnsupportedError) as info:
+        b.load("s")
+    assert str(info.value).startswith(f'session "{shown}" uses log format v42, but this harness reads only v0')
+
+
+def test_format_refusal_shows_the_version_as_string_does(tmp_path: Path) -> None:
+    b = JsonlBackend(tmp_path)
+    d = b.session_dir(HEADER)
+    d.mkdir(parents=True)
+    (d / "session.jsonl").write_bytes(b'{"type":"session","version":1e21,"id":"s"}\n')
+    with pytest.raises(SessionFormatUnsupportedError, match=r'session "s" uses log format v1e\+21, but'):
+        b.load("s")
+
+
+def test_a_non_header_with_a_retired_field_is_not_a_header(tmp_path: Path) -> None:
+    # The shape check comes before the retired-field check (reference §1.2).
+    b = JsonlBackend(tmp_path)
+    d = b.session_dir(HEADER)
+    d.mkdir(parents=True)
+    raw = {"type": "session", "version": "0", "id": "s", "createdAt": 1, "delegationDepth": 0, "sandboxMode": "x"}
+    (d / "session.jsonl").write_bytes(orjson.dumps(raw) + b"\n")
+    with pytest.raises(SessionCorruptionError, match=r"^corrupt session log: first line is not a session header$"):
+        b.load("s")
+
+
+@pytest.mark.parametrize(
+    ("seq", "shown"), [(None, "null"), (..., "undefined"), (True, "true"), ([1, 2], "1,2"), ({"a": 1}, "[object Object]")]
+)
+def test_seq_gap_message_shows_the_seq_as_string_does(tmp_path: Path, seq: Any, shown: str) -> None:
+    bad = ev(1)
+    if seq is ...:
+        del bad["seq"]
+    else:
+        bad["seq"] = seq
+    body = line(ev(0)) + line(bad) + line(ev(2, "turn/end"))
+    with pytest.raises(SessionCorruptionError) as info:
+        write(tmp_path, body).load("s")
+    assert str(info.value) == f"corrupt session log: seq gap in committed region at line 2 (expected 1, got {shown})"
+
+
+@pytest.mark.parametrize(("at", "seq"), [(0, False), (1, True)])
+def test_a_boolean_seq_continues_nothing(tmp_path: Path, at: int, seq: bool) -> None:
+    # JavaScript's `true !== 1`: the line opens an issue; with no later turn/end it and
+    # everything after it are a torn tail.
+    events = [ev(0), ev(1), ev(2)]
+    events[at]["seq"] = seq
+    body = b"".join(line(e) for e in events)
+    stored = write(tmp_path, body).load("s")
+    assert [r["seq"] for r in stored.records] == list(range(at))
+    assert stored.truncate_to == len(header_line(HEADER)) + sum(len(line(e)) for e in events[:at])

@@ -12,6 +12,7 @@ import orjson
 from harness.errors import PersistenceError, SessionCorruptionError, SessionFormatUnsupportedError
 from harness.session import SESSION_FORMAT_VERSION
 from harness.session._events import is_nonneg_safe_int
+from harness.session._json import js_string
 
 _HEADER_ORDER = ("version", "id", "createdAt", "cwd", "parentSession", "seedLength", "origin", "delegationDepth", "agentPreset")
 
@@ -207,10 +208,10 @@ def check_header_record(raw: Any, session_id: str | None) -> dict[str, Any]:
     Version refusal comes first, before any shape check.
     """
     if type(raw) is dict and (type(raw.get("version")) in (int, float)) and raw["version"] != SESSION_FORMAT_VERSION:
-        raise format_error(str(raw.get("id", session_id)), raw["version"])
+        # The reference interpolates the record's own id as ``String(id)``: ``true``,
+        # ``null``, ``1,2``, ``[object Object]``, ``undefined`` when it has none.
+        raise format_error("undefined" if "id" not in raw else js_string(raw["id"]), raw["version"])
     sid = session_id or (raw.get("id") if type(raw) is dict else None)
-    if type(raw) is dict and ("sandboxMode" in raw or "approvalPolicy" in raw):
-        raise SessionCorruptionError("session header uses retired policy baseline fields", session_id=sid)
     if (
         type(raw) is not dict
         or raw.get("type") != "session"
@@ -222,13 +223,17 @@ def check_header_record(raw: Any, session_id: str | None) -> dict[str, Any]:
         or ("agentPreset" in raw and type(raw["agentPreset"]) is not str)
     ):
         raise SessionCorruptionError("corrupt session log: first line is not a session header", session_id=sid)
+    # After the shape check, as the reference orders them: a header that is not one
+    # is reported as such even when it also carries a retired field.
+    if "sandboxMode" in raw or "approvalPolicy" in raw:
+        raise SessionCorruptionError("session header uses retired policy baseline fields", session_id=sid)
     out = dict(raw)
     del out["type"]
     return out
 
 
 def format_error(session_id: str, version: float) -> SessionFormatUnsupportedError:
-    v = int(version) if float(version).is_integer() else version
+    v = js_string(version)  # as the reference's String(): 1e+21, not 1000000000000000000000
     if version > SESSION_FORMAT_VERSION:
         return SessionFormatUnsupportedError(
             f'session "{session_id}" uses log format v{v}, but this harness reads only v0: '
