@@ -423,3 +423,18 @@ async def test_prepare_sees_what_was_appended_after_its_repair_commit(tmp_path: 
                 await prep.dispose()
     finally:
         close_backend(backend)
+
+
+async def test_unknown_type_refusal_shows_the_seq_as_string_does(tmp_path: Path) -> None:
+    # An integral float seq continues the log in the reader (1.0 === 1); the refusal
+    # writes it as the reference's String() does: "seq 1", not "seq 1.0".
+    b = JsonlBackend(tmp_path)
+    hdr = {"version": 0, "id": SID, "createdAt": 1}
+    d = b.session_dir(hdr)
+    d.mkdir(parents=True)
+    first = {"type": "user/message", "seq": 0, "time": 1, "data": user("u0"), "surfaceOp": "append"}
+    lines = [{"type": "session", **hdr, "delegationDepth": 0}, first, {"type": "weird/type", "seq": 1.0, "time": 1, "data": {}}]
+    (d / "session.jsonl").write_bytes(b"".join(orjson.dumps(x) + b"\n" for x in lines))
+    async with open_store() as store, open_persistence(store, b) as p:
+        with pytest.raises(Exception, match=r'contains event type "weird/type" \(seq 1\) unknown'):
+            await p.load(SID)

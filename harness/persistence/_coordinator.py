@@ -60,6 +60,7 @@ from harness.session import (
     event_to_record,
     gc_paused,
 )
+from harness.session._json import js_string
 
 log = logging.getLogger("harness.persistence")
 
@@ -690,7 +691,7 @@ class Persistence(ServiceMixin):
             t = rec.get("type")
             if t not in KNOWN_EVENT_TYPES and type(t) is str and rec.get("ignorable") is not True:
                 raise SessionFormatUnsupportedError(
-                    f'session "{session_id}" contains event type "{t}" (seq {rec.get("seq")}) unknown to '
+                    f'session "{session_id}" contains event type "{t}" (seq {js_string(rec.get("seq"))}) unknown to '
                     "this harness and not marked ignorable; refusing to interpret the log — it was "
                     f"likely written by a newer harness{self._raw_log(stored)}",
                     session_id=session_id,

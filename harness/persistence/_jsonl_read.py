@@ -32,6 +32,7 @@ from harness.persistence._zstd import (
 )
 from harness.session import decode_storage_record, gc_paused
 from harness.session._chunks import ROW_TAGS
+from harness.session._json import js_string
 
 T = TypeVar("T")
 
@@ -291,6 +292,10 @@ def _fast_scan(lines: list[bytes]) -> list[Any] | None:
             push(obj)
     except orjson.JSONDecodeError:
         return None
+    # A boolean seq equals 0 or 1 in Python but continues nothing in the reference's
+    # ``===``: only the first two lines can hold one unnoticed above.
+    if (records and records[0]["seq"] is False) or (len(records) > 1 and records[1]["seq"] is True):
+        return None
     return records
 
 
@@ -323,18 +328,24 @@ def _slow_scan(
                 issue = f"corrupt session log: unparsable committed event at line {line_no}"
             else:
                 expected = len(records)
-                bad = next((e for j, e in enumerate(decoded) if e.get("seq") != expected + j), None)
-                if bad is None:
+                k_bad = next((j for j, e in enumerate(decoded) if not _is_seq(e.get("seq", _BAD), expected + j)), None)
+                if k_bad is None:
                     records.extend(decoded)
                     committed = pos
                     continue
+                got = decoded[k_bad].get("seq", _BAD)
                 issue = (
                     f"corrupt session log: seq gap in committed region at line {line_no} "
-                    f"(expected {expected + decoded.index(bad)}, got {bad.get('seq')})"
+                    f"(expected {expected + k_bad}, got {'undefined' if got is _BAD else js_string(got)})"
                 )
         if decoded is not None and any(e.get("type") == "turn/end" for e in decoded):
             raise SessionCorruptionError(issue, session_id=session_id)
     return records, committed
+
+
+def _is_seq(value: Any, expected: int) -> bool:
+    """``value === expected`` as the reference compares: ``1.0`` is ``1``, ``true`` is not."""
+    return value == expected and type(value) is not bool
 
 
 def _decode(obj: Any) -> list[dict[str, Any]] | None:
