@@ -403,3 +403,14 @@ async def test_list_snapshots_carry_the_revision_and_read_from_can_return_the_me
     finally:
         if isinstance(backend, SqliteBackend):
             backend.close()
+
+
+async def test_an_absent_cwd_in_the_cwd_collision_reads_undefined(tmp_path: Path) -> None:
+    # The reference's template writes an absent cwd as "undefined" (not Python's None).
+    async with open_store() as store, open_persistence(store, JsonlBackend(tmp_path)) as p:
+        await p.create(meta("k", cwd="/w"))
+        await p.create(meta("n"))
+        with pytest.raises(SessionLogExistsError, match=r"\(persisted: /w, live: undefined\) \(id collision\)$"):
+            await store.create("k")
+        with pytest.raises(SessionLogExistsError, match=r"\(persisted: undefined, live: /x\) \(id collision\)$"):
+            await store.create("n", cwd="/x")

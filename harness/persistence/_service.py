@@ -188,7 +188,7 @@ class ServiceMixin:
         if live_cwd != stored_cwd:
             raise SessionLogExistsError(
                 f'session "{session_id}" is already persisted at a different cwd '
-                f"(persisted: {stored_cwd}, live: {live_cwd}) (id collision)",
+                f"(persisted: {_shown_cwd(stored_cwd)}, live: {_shown_cwd(live_cwd)}) (id collision)",
                 session_id=session_id,
             )
         n = state.cursor
@@ -807,6 +807,11 @@ def freeze_record(value: object) -> Any:
 
 def _record(event: Any) -> Any:
     return thaw(event_to_record(event))  # the record shares frozen (tuple) trees
+
+
+def _shown_cwd(cwd: str | None) -> str:
+    """A header's cwd as the reference's template shows it: ``undefined`` when absent."""
+    return "undefined" if cwd is None else cwd
 
 
 def refuse_legacy(session_id: str, rec: Any, raw_log: str = "") -> None:
