@@ -3,6 +3,7 @@ create/append with adoption, inspect, read_from, list_snapshots, locate, read_ra
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -414,3 +415,16 @@ async def test_an_absent_cwd_in_the_cwd_collision_reads_undefined(tmp_path: Path
             await store.create("k")
         with pytest.raises(SessionLogExistsError, match=r"\(persisted: undefined, live: /x\) \(id collision\)$"):
             await store.create("n", cwd="/x")
+
+
+@pytest.mark.parametrize(
+    ("from_seq", "shown"), [("5", "5"), (True, "true"), (None, "null"), ([1, 2], "1,2"), (1.5, "1.5"), (2.0, "2.0")]
+)
+async def test_read_from_refusal_shows_the_value_as_string_does(tmp_path: Path, from_seq: Any, shown: str) -> None:
+    # The reference's `got ${fromSeq}`, not Python's repr ('5', True, None, [1, 2]); an
+    # integral float shows its fraction (only this port refuses it).
+    async with open_store() as store, open_persistence(store, JsonlBackend(tmp_path)) as p:
+        with pytest.raises(
+            PersistenceArgumentError, match=rf"^readFrom fromSeq must be a non-negative safe integer, got {re.escape(shown)}$"
+        ):
+            await p.read_from("t", from_seq)

@@ -38,7 +38,12 @@ from harness.persistence._restore import build_session
 from harness.session import FrozenDict, Session, event_to_record, freeze, gc_paused, thaw
 from harness.session._events import is_nonneg_safe_int, valid_envelope
 from harness.session._header import check_lookup_id, check_session_id, snapshot_header
-from harness.session._json import MAX_STORABLE_DEPTH, try_snapshot_raw, try_snapshot_storable
+from harness.session._json import (
+    MAX_STORABLE_DEPTH,
+    shown_safe_int,
+    try_snapshot_raw,
+    try_snapshot_storable,
+)
 from harness.session._session import _NO_TURN
 
 if TYPE_CHECKING:
@@ -703,7 +708,8 @@ class ServiceMixin:
         check_lookup_id(session_id)
         if not is_nonneg_safe_int(from_seq):
             raise PersistenceArgumentError(
-                f"readFrom fromSeq must be a non-negative safe integer, got {from_seq!r}", session_id=session_id
+                f"readFrom fromSeq must be a non-negative safe integer, got {shown_safe_int(from_seq)}",
+                session_id=session_id,
             )
         start = int(from_seq)  # type: ignore[call-overload]
 
