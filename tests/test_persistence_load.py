@@ -438,3 +438,82 @@ async def test_unknown_type_refusal_shows_the_seq_as_string_does(tmp_path: Path)
     async with open_store() as store, open_persistence(store, b) as p:
         with pytest.raises(Exception, match=r'contains event type "weird/type" \(seq 1\) unknown'):
             await p.load(SID)
+
+
+def write_invalid_open_turn(root: Path, kind: str) -> bytes | list[dict[str, Any]]:
+    """Store a session ``s`` that does not restore (a surfaceOp on a log-only event), left
+    inside a turn with a torn final write: a repair is due, but validation fails."""
+    header = {"version": 0, "id": SID, "createdAt": 7, "cwd": "/w"}
+    records: list[dict[str, Any]] = [
+        {"type": "user/message", "seq": 0, "time": 10, "data": user("hello"), "surfaceOp": "append"},
+        {"type": "session/end-seed", "seq": 1, "time": 10, "data": {}, "surfaceOp": "append"},
+        {"type": "turn/start", "seq": 2, "time": 11, "data": {"turn": 1}},
+    ]
+    backend = plain_backend(root, kind)
+    try:
+        lease = backend.acquire_writer(header)
+        try:
+            backend.materialize(header, [dict(r) for r in records], lease=lease)
+        finally:
+            lease.release()
+    finally:
+        close_backend(backend)
+    tear(root, kind, len(records))
+    return at_rest(root, kind)
+
+
+def at_rest(root: Path, kind: str) -> bytes | list[dict[str, Any]]:
+    """The stored bytes (JSONL) or rows (SQLite) of ``s``, to compare before and after."""
+    backend = plain_backend(root, kind)
+    try:
+        if isinstance(backend, JsonlBackend):
+            return Path(backend.locate(SID) or "").read_bytes()
+        db = sqlite3.connect(backend.path)  # type: ignore[attr-defined]
+        rows = db.execute("SELECT * FROM events WHERE session_id = ? ORDER BY seq", (SID,)).fetchall()
+        db.close()
+        return rows
+    finally:
+        close_backend(backend)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("how", ["prepare", "append", "load"])
+async def test_a_log_that_does_not_restore_is_refused_before_its_repair(tmp_path: Path, kind: str, how: str) -> None:
+    # Reference §2.8 / §2.3: prepareCore builds (validates) the session before
+    # commitPrepared writes the repair, and an append's adoption is a prepare: the
+    # refusal leaves the stored log as it was (torn tail and open turn included).
+    before = write_invalid_open_turn(tmp_path, kind)
+    async with opened(tmp_path, kind) as p:
+        with pytest.raises(Exception, match=r'^stored session "s" failed validation: ') as info:
+            if how == "prepare":
+                await p.prepare(SID)
+            elif how == "append":
+                await p.append(SID, [{"type": "feedback/record", "seq": 5, "time": 1, "data": {}}])
+            else:
+                await p.load(SID)
+        assert getattr(info.value, "code", None) == "SESSION_CORRUPT"
+    assert at_rest(tmp_path, kind) == before
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_an_append_does_not_adopt_a_balanced_log_that_does_not_restore(tmp_path: Path, kind: str) -> None:
+    # The adoption is a prepare: its validation refuses the log even when no repair is due.
+    header = {"version": 0, "id": SID, "createdAt": 7, "cwd": "/w"}
+    records = [
+        {"type": "user/message", "seq": 0, "time": 10, "data": user("hello"), "surfaceOp": "append"},
+        {"type": "session/end-seed", "seq": 1, "time": 10, "data": {}, "surfaceOp": "append"},
+    ]
+    backend = plain_backend(tmp_path, kind)
+    try:
+        lease = backend.acquire_writer(header)
+        try:
+            backend.materialize(header, [dict(r) for r in records], lease=lease)
+        finally:
+            lease.release()
+    finally:
+        close_backend(backend)
+    before = at_rest(tmp_path, kind)
+    async with opened(tmp_path, kind) as p:
+        with pytest.raises(Exception, match=r'^stored session "s" failed validation: '):
+            await p.append(SID, [{"type": "feedback/record", "seq": 2, "time": 1, "data": {}}])
+    assert at_rest(tmp_path, kind) == before

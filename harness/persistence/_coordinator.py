@@ -35,6 +35,7 @@ from harness.errors import (
 from harness.persistence._backend import Backend, StoredLines, StoredLog, WriterLease, header_record
 from harness.persistence._committer import GroupCommitter
 from harness.persistence._restore import build_session as build_session
+from harness.persistence._restore import check_restores
 from harness.persistence._service import (
     Fingerprint,
     ServiceMixin,
@@ -602,6 +603,9 @@ class Persistence(ServiceMixin):
             records, closers = self._check_and_repair(session_id, stored)
             repaired = 0
             while stored.truncate_to is not None or closers:
+                # Reference §2.8: the session is built (validated) before the repair is
+                # committed, so a log that does not restore is refused unchanged.
+                check_restores(session_id, stored, records, closers)
                 self.backend.commit_repair(session_id, stored.truncate_to, closers, lease=lease)
                 repaired += len(closers)
                 # Reference §2.7: after a repair commit the log is read again, so the

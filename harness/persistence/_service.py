@@ -34,7 +34,7 @@ from harness.errors import (
     SessionTrackedError,
 )
 from harness.persistence._backend import StoredLog, WriterLease, header_record
-from harness.persistence._restore import build_session
+from harness.persistence._restore import build_session, check_restores
 from harness.session import FrozenDict, Session, event_to_record, freeze, gc_paused, thaw
 from harness.session._events import is_nonneg_safe_int, valid_envelope
 from harness.session._header import check_lookup_id, check_session_id, snapshot_header
@@ -361,11 +361,16 @@ class ServiceMixin:
             if self.backend.revision(session_id) != stored.revision:
                 stored = self.backend.load(session_id)
             records, closers = self._check_and_repair(session_id, stored)
-            if stored.truncate_to is not None or closers:
-                self.backend.commit_repair(session_id, stored.truncate_to, closers, lease=lease)
             fingerprint = Fingerprint()
             fingerprint.extend(records)
             fingerprint.extend(closers)
+            # Reference §2.3: the adoption is a prepare (the session built, so
+            # validated) and then its repair commit: a log that does not restore is
+            # refused unchanged, nothing appended to it. (The session adopts the
+            # records: the fingerprint is taken first.)
+            check_restores(session_id, stored, records, closers)
+            if stored.truncate_to is not None or closers:
+                self.backend.commit_repair(session_id, stored.truncate_to, closers, lease=lease)
             # Read under the lock: exactly the log this state describes. After a repair
             # commit it is unknown (reference §2.7: never pair a post-repair revision
             # with the pre-repair read; a writer ignoring the lease may have appended
