@@ -203,9 +203,17 @@ class PersistedSessionNotFoundError(PersistenceError, SessionNotFoundError):
 
 
 class SessionFormatUnsupportedError(PersistenceError):
-    """The log was written in a format this build does not read (newer or older)."""
+    """The log was written in a format this build does not read (newer or older).
+
+    ``location``: the path of the session's raw log when the backend keeps one per
+    session (the JSONL transcript, which the message names too: `` (raw log: <path>)``),
+    else ``None`` (the reference's ``.location``)."""
 
     code = "SESSION_FORMAT_UNSUPPORTED"
+
+    def __init__(self, message: str, *, session_id: str | None = None, location: str | None = None) -> None:
+        super().__init__(message, session_id=session_id)
+        self.location = location
 
 
 class SessionCorruptionError(PersistenceError):

@@ -18,6 +18,7 @@ import trio
 from harness.errors import (
     PersistedSessionNotFoundError,
     PersistenceError,
+    SessionFormatUnsupportedError,
     SessionLiveError,
     SessionLogExistsError,
     SessionTrackedError,
@@ -517,3 +518,40 @@ async def test_an_append_does_not_adopt_a_balanced_log_that_does_not_restore(tmp
         with pytest.raises(Exception, match=r'^stored session "s" failed validation: '):
             await p.append(SID, [{"type": "feedback/record", "seq": 2, "time": 1, "data": {}}])
     assert at_rest(tmp_path, kind) == before
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("what", ["version", "unknown", "legacy"])
+async def test_a_format_refusal_carries_the_raw_logs_location(tmp_path: Path, kind: str, what: str) -> None:
+    # Reference §2.9: `.location` when the backend keeps a per-session artifact (JSONL:
+    # the transcript, also named in the message), none for SQLite.
+    header = {"version": 0, "id": SID, "createdAt": 7, "cwd": "/w"}
+    first = {"type": "user/message", "seq": 0, "time": 10, "data": user("hello"), "surfaceOp": "append"}
+    odd = {"type": "weird/type" if what == "unknown" else "mode/set", "seq": 1, "time": 11, "data": {}}
+    backend = plain_backend(tmp_path, kind)
+    try:
+        lease = backend.acquire_writer(header)
+        try:
+            backend.materialize(header, [first, odd], lease=lease)
+        finally:
+            lease.release()
+        path = backend.locate(SID) if isinstance(backend, JsonlBackend) else None
+        db_path = getattr(backend, "path", None)
+    finally:
+        close_backend(backend)
+    if what == "version":
+        if path is None:
+            db = sqlite3.connect(db_path)
+            with db:
+                db.execute("UPDATE sessions SET version = 3")
+            db.close()
+        else:
+            text = Path(path).read_bytes().replace(b'"version":0', b'"version":3', 1)
+            Path(path).write_bytes(text)
+    async with opened(tmp_path, kind) as p:
+        with pytest.raises(SessionFormatUnsupportedError) as info:
+            await p.load(SID)
+    assert info.value.location == (None if path is None else str(path))
+    assert str(info.value).endswith("" if path is None else f" (raw log: {path})")
+    if path is None:
+        assert "(raw log:" not in str(info.value)

@@ -41,6 +41,7 @@ from harness.persistence._service import (
     ServiceMixin,
     _canonical,
     _EnvelopeState,
+    raw_log_suffix,
     refuse_legacy,
     reproduces,
 )
@@ -669,7 +670,7 @@ class Persistence(ServiceMixin):
             # Legacy shapes are refused as such before "unknown type" (§2.9 order).
             if not _LEGACY_TYPES.isdisjoint(types):
                 for rec in records:
-                    refuse_legacy(session_id, rec, self._raw_log(stored))
+                    refuse_legacy(session_id, rec, self._raw_path(stored))
             self._refuse_unknown(session_id, records, stored)
         last_marker = max(_last_index_of(types, "turn/start"), _last_index_of(types, "turn/end"))
         if last_marker < 0:
@@ -683,22 +684,24 @@ class Persistence(ServiceMixin):
             ) from exc
         return records, closers
 
-    def _raw_log(self, stored: StoredLog | None) -> str:
-        """`` (raw log: <path>)`` for a backend with per-session files, else ``""``."""
+    def _raw_path(self, stored: StoredLog | None) -> str | None:
+        """The session's raw log for a backend with per-session files, else ``None``."""
         log_path = getattr(self.backend, "log_path", None)
         if stored is None or log_path is None:
-            return ""
-        return f" (raw log: {log_path(stored.header)})"
+            return None
+        return str(log_path(stored.header))
 
     def _refuse_unknown(self, session_id: str, records: list[Any], stored: StoredLog | None = None) -> None:
         for rec in records:
             t = rec.get("type")
             if t not in KNOWN_EVENT_TYPES and type(t) is str and rec.get("ignorable") is not True:
+                location = self._raw_path(stored)
                 raise SessionFormatUnsupportedError(
                     f'session "{session_id}" contains event type "{t}" (seq {js_string(rec.get("seq"))}) unknown to '
                     "this harness and not marked ignorable; refusing to interpret the log — it was "
-                    f"likely written by a newer harness{self._raw_log(stored)}",
+                    f"likely written by a newer harness{raw_log_suffix(location)}",
                     session_id=session_id,
+                    location=location,
                 )
 
     async def delete(self, session_id: str) -> None:

@@ -167,7 +167,7 @@ class _JsonlReading(_JsonlLayout):
             header = check_header_record(raw_header, session_id)
         except SessionFormatUnsupportedError as exc:
             raise SessionFormatUnsupportedError(
-                f"{exc.message} (raw log: {path})", session_id=exc.session_id
+                f"{exc.message} (raw log: {path})", session_id=exc.session_id, location=str(path)
             ) from None
         if header["id"] != session_id:
             raise SessionCorruptionError(

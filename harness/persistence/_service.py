@@ -40,6 +40,7 @@ from harness.session._events import is_nonneg_safe_int, valid_envelope
 from harness.session._header import check_lookup_id, check_session_id, snapshot_header
 from harness.session._json import (
     MAX_STORABLE_DEPTH,
+    js_string,
     shown_safe_int,
     try_snapshot_raw,
     try_snapshot_storable,
@@ -825,7 +826,12 @@ def _shown_cwd(cwd: str | None) -> str:
     return "undefined" if cwd is None else cwd
 
 
-def refuse_legacy(session_id: str, rec: Any, raw_log: str = "") -> None:
+def raw_log_suffix(location: str | None) -> str:
+    """`` (raw log: <path>)``, the reference's pointer to a format refusal's file."""
+    return "" if location is None else f" (raw log: {location})"
+
+
+def refuse_legacy(session_id: str, rec: Any, location: str | None = None) -> None:
     """Refuse a record in a legacy shape this harness does not import (§2.9)."""
     t = rec.get("type")
     seq = rec.get("seq")
@@ -841,5 +847,7 @@ def refuse_legacy(session_id: str, rec: Any, raw_log: str = "") -> None:
     else:
         return
     raise SessionFormatUnsupportedError(
-        f'session "{session_id}" contains unsupported legacy {what} at seq {seq}{raw_log}', session_id=session_id
+        f'session "{session_id}" contains unsupported legacy {what} at seq {js_string(seq)}{raw_log_suffix(location)}',
+        session_id=session_id,
+        location=location,
     )
