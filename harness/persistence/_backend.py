@@ -12,7 +12,7 @@ import orjson
 from harness.errors import PersistenceError, SessionCorruptionError, SessionFormatUnsupportedError
 from harness.session import SESSION_FORMAT_VERSION
 from harness.session._events import is_nonneg_safe_int
-from harness.session._json import js_string
+from harness.session._json import ABSENT, js_string
 
 _HEADER_ORDER = ("version", "id", "createdAt", "cwd", "parentSession", "seedLength", "origin", "delegationDepth", "agentPreset")
 
@@ -210,7 +210,7 @@ def check_header_record(raw: Any, session_id: str | None) -> dict[str, Any]:
     if type(raw) is dict and (type(raw.get("version")) in (int, float)) and raw["version"] != SESSION_FORMAT_VERSION:
         # The reference interpolates the record's own id as ``String(id)``: ``true``,
         # ``null``, ``1,2``, ``[object Object]``, ``undefined`` when it has none.
-        raise format_error("undefined" if "id" not in raw else js_string(raw["id"]), raw["version"])
+        raise format_error(js_string(raw.get("id", ABSENT)), raw["version"])
     sid = session_id or (raw.get("id") if type(raw) is dict else None)
     if (
         type(raw) is not dict

@@ -32,7 +32,7 @@ from harness.persistence._zstd import (
 )
 from harness.session import decode_storage_record, gc_paused
 from harness.session._chunks import ROW_TAGS
-from harness.session._json import js_string
+from harness.session._json import ABSENT, js_string
 
 T = TypeVar("T")
 
@@ -328,15 +328,14 @@ def _slow_scan(
                 issue = f"corrupt session log: unparsable committed event at line {line_no}"
             else:
                 expected = len(records)
-                k_bad = next((j for j, e in enumerate(decoded) if not _is_seq(e.get("seq", _BAD), expected + j)), None)
+                k_bad = next((j for j, e in enumerate(decoded) if not _is_seq(e.get("seq"), expected + j)), None)
                 if k_bad is None:
                     records.extend(decoded)
                     committed = pos
                     continue
-                got = decoded[k_bad].get("seq", _BAD)
                 issue = (
                     f"corrupt session log: seq gap in committed region at line {line_no} "
-                    f"(expected {expected + k_bad}, got {'undefined' if got is _BAD else js_string(got)})"
+                    f"(expected {expected + k_bad}, got {js_string(decoded[k_bad].get('seq', ABSENT))})"
                 )
         if decoded is not None and any(e.get("type") == "turn/end" for e in decoded):
             raise SessionCorruptionError(issue, session_id=session_id)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any
 
 from actors import Actor, ActorError, Rejected
 from harness.compaction import measure, prune_session, select_compactable_range
@@ -42,7 +42,7 @@ from harness.runtime._messages import (
 from harness.session import Event, Session
 from harness.session._commit import commit_single, plan_single
 from harness.session._events import SAFE_INT_MAX
-from harness.session._json import js_string, shown_safe_int
+from harness.session._json import ABSENT, js_string, shown_safe_int
 from harness.session._session import _NO_TURN
 
 if TYPE_CHECKING:
@@ -259,9 +259,6 @@ class SessionActor(Actor[Any]):
         return events
 
 
-_ABSENT: Final[Any] = object()
-
-
 def check_fork_boundary(session: Session, boundary: object) -> int | None:
     """Boundary checks of reference §8 (steps 3-4): the validated boundary, or
     ``None`` when it was omitted on an empty session (an empty prefix)."""
@@ -289,12 +286,11 @@ def check_fork_boundary(session: Session, boundary: object) -> int | None:
             f'fork boundary {boundary} does not match a contiguous event seq in session "{sid}"',
             session_id=sid,
         )
-    turn = session.open_turn_at(boundary, _ABSENT)
+    turn = session.open_turn_at(boundary, ABSENT)
     if turn is not _NO_TURN:
         # The reference interpolates ``data.turn`` as is: ``undefined`` when absent.
-        shown = "undefined" if turn is _ABSENT else js_string(turn)
         raise OpenTurnError(
-            f'fork boundary {boundary} in session "{sid}" ends inside open turn {shown}',
+            f'fork boundary {boundary} in session "{sid}" ends inside open turn {js_string(turn)}',
             session_id=sid,
         )
     return boundary

@@ -12,6 +12,7 @@ import attrs
 from harness.errors import HeaderError, NotJsonError, SessionIdError
 from harness.session._events import is_nonneg_safe_int
 from harness.session._json import (
+    ABSENT,
     FrozenDict,
     RawJson,
     adopt,
@@ -158,17 +159,16 @@ def validate_header_record(raw: RawJson, session_id: str) -> SessionHeader:
     """
     if type(raw) is not dict:
         raise HeaderError("session header is not a plain JSON record", session_id=session_id)
-    version = raw.get("version", _ABSENT)
+    version = raw.get("version", ABSENT)
     if version != SESSION_FORMAT_VERSION or type(version) is not int:
         raise HeaderError(
-            f"session header version must be {SESSION_FORMAT_VERSION}, got "
-            f"{'undefined' if version is _ABSENT else shown_safe_int(version)}",
+            f"session header version must be {SESSION_FORMAT_VERSION}, got {shown_safe_int(version)}",
             session_id=session_id,
         )
-    hid = raw.get("id", _ABSENT)
+    hid = raw.get("id", ABSENT)
     if type(hid) is not str or hid != session_id:
         raise HeaderError(
-            f'session header id "{_js(hid)}" does not match session id "{session_id}"',
+            f'session header id "{js_string(hid)}" does not match session id "{session_id}"',
             session_id=session_id,
         )
     if not is_nonneg_safe_int(raw.get("createdAt")):
@@ -231,10 +231,3 @@ def snapshot_header(value: object, session_id: str) -> SessionHeader:
     return validate_header_record(raw, session_id)
 
 
-_ABSENT: Final[Any] = object()
-"""A header key that is not there (JavaScript's ``undefined``; ``None`` is ``null``)."""
-
-
-def _js(v: object) -> str:
-    """The reference's ``String(v)`` of a header field (``undefined`` when absent)."""
-    return "undefined" if v is _ABSENT else js_string(v)

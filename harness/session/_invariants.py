@@ -15,7 +15,7 @@ import attrs
 
 from harness.errors import InvariantError
 from harness.session._events import END_SEED, SAFE_INT_MAX, Event, ReplaceOp
-from harness.session._json import ARRAY
+from harness.session._json import ABSENT, ARRAY, js_string
 
 _TURN_SCOPED = frozenset({"step/end", "assistant/chunk", "assistant/message", "tool/call"})
 _TURN_ENCLOSED = frozenset({"todo/write", "request/header", "request/context"})
@@ -26,8 +26,6 @@ _END: Final = "compaction/end"
 _CHECKPOINT: Final = "compaction checkpoint"
 _BRACKET: Final = frozenset({_START, _SUMMARY, _END})
 _TURN_BOUNDARY: Final = frozenset({"turn/start", "turn/end"})
-_ABSENT: Final[Any] = object()
-"""A key the event's data does not have (JavaScript's ``undefined``)."""
 
 
 @attrs.frozen(slots=True)
@@ -55,25 +53,6 @@ class Trace:
     compaction_start: int = -1
     summarized: bool = False
     stale_starts: frozenset[int] = frozenset()
-
-
-def _js(v: object) -> str:
-    """``String(v)`` of a JSON value, as JavaScript renders it in the reference's text."""
-    if v is _ABSENT:
-        return "undefined"
-    if v is None:
-        return "null"
-    if v is True:
-        return "true"
-    if v is False:
-        return "false"
-    if type(v) is float and v.is_integer():
-        return str(int(v))
-    if type(v) is dict:
-        return "[object Object]"
-    if type(v) in ARRAY:
-        return ",".join("" if x is None else _js(x) for x in v)  # type: ignore[attr-defined]
-    return str(v)
 
 
 def _number(v: object) -> bool:
@@ -159,7 +138,7 @@ class RelationalInvariants:
                 owner = (
                     "standalone compaction"
                     if s.compaction_owner is None
-                    else f"compaction for turn {_js(s.compaction_owner)}"
+                    else f"compaction for turn {js_string(s.compaction_owner)}"
                 )
                 raise InvariantError(f"{t} cannot cross an open {owner}")
             return s
@@ -174,36 +153,36 @@ class RelationalInvariants:
     def _core(self, s: Trace, event: Event, t: str, d: dict[str, Any]) -> Trace:
         """The session-core rules (session-core reference §11)."""
         if t == "turn/start":
-            turn = d.get("turn", _ABSENT)
+            turn = d.get("turn", ABSENT)
             if s.open_turn is not None:
-                raise InvariantError(f"turn/start {_js(turn)} while turn {_js(s.open_turn)} is still open")
+                raise InvariantError(f"turn/start {js_string(turn)} while turn {js_string(s.open_turn)} is still open")
             if not _same(turn, s.next_turn):
-                raise InvariantError(f"turn/start expected turn {s.next_turn}, got {_js(turn)}")
+                raise InvariantError(f"turn/start expected turn {s.next_turn}, got {js_string(turn)}")
             return attrs.evolve(s, open_turn=turn, open_step=None, next_step=1, pending=frozenset())
         if t == "turn/end":
-            turn = d.get("turn", _ABSENT)
+            turn = d.get("turn", ABSENT)
             if s.open_turn is None or not _same(turn, s.open_turn):
-                raise InvariantError(f"turn/end {_js(turn)} does not match open turn {_js(s.open_turn)}")
+                raise InvariantError(f"turn/end {js_string(turn)} does not match open turn {js_string(s.open_turn)}")
             if s.open_step is not None:
-                raise InvariantError(f"turn/end {_js(turn)} while step {_js(s.open_step)} is still open")
+                raise InvariantError(f"turn/end {js_string(turn)} while step {js_string(s.open_step)} is still open")
             return attrs.evolve(
                 s, open_turn=None, open_step=None, next_turn=s.next_turn + 1, pending=frozenset()
             )
         if t == "step/start":
-            turn, step = d.get("turn", _ABSENT), d.get("step", _ABSENT)
+            turn, step = d.get("turn", ABSENT), d.get("step", ABSENT)
             if s.open_turn is None or not _same(turn, s.open_turn):
                 raise InvariantError(
-                    f"step/start in turn {_js(turn)} but open turn is {_js(s.open_turn)}"
+                    f"step/start in turn {js_string(turn)} but open turn is {js_string(s.open_turn)}"
                 )
             if s.open_step is not None:
-                raise InvariantError(f"step/start {_js(step)} while step {_js(s.open_step)} is still open")
+                raise InvariantError(f"step/start {js_string(step)} while step {js_string(s.open_step)} is still open")
             if not _same(step, s.next_step):
                 raise InvariantError(
-                    f"step/start expected step {s.next_step} in turn {_js(turn)}, got {_js(step)}"
+                    f"step/start expected step {s.next_step} in turn {js_string(turn)}, got {js_string(step)}"
                 )
             return attrs.evolve(s, open_step=step)
         if t in _TURN_SCOPED or (t == "tool/result" and not isinstance(event.surface_op, ReplaceOp)):
-            turn, step = d.get("turn", _ABSENT), d.get("step", _ABSENT)
+            turn, step = d.get("turn", ABSENT), d.get("step", ABSENT)
             if (
                 s.open_turn is None
                 or s.open_step is None
@@ -211,8 +190,8 @@ class RelationalInvariants:
                 or not _same(step, s.open_step)
             ):
                 raise InvariantError(
-                    f"{t} names turn {_js(turn)}/step {_js(step)} but open is "
-                    f"turn {_js(s.open_turn)}/step {_js(s.open_step)}"
+                    f"{t} names turn {js_string(turn)}/step {js_string(step)} but open is "
+                    f"turn {js_string(s.open_turn)}/step {js_string(s.open_step)}"
                 )
             if t == "step/end":
                 return attrs.evolve(s, open_step=None, next_step=s.next_step + 1, pending=frozenset())
@@ -247,25 +226,25 @@ class RelationalInvariants:
 
     def _bracket(self, s: Trace, event: Event, t: str, d: dict[str, Any]) -> Trace:
         """``compaction/start``, ``compaction/summary`` and ``compaction/end`` (§1.5)."""
-        cid = d.get("compactionId", _ABSENT)
-        scid = d.get("sourceCommandId", _ABSENT)
+        cid = d.get("compactionId", ABSENT)
+        scid = d.get("sourceCommandId", ABSENT)
         _check_id(cid, f"{t} compactionId")
-        if scid is not _ABSENT:
+        if scid is not ABSENT:
             _check_id(scid, f"{t} sourceCommandId")
         if t == _START:
             if s.compaction_id is not None:
                 owner = (
                     "standalone compaction"
                     if s.compaction_owner is None
-                    else f"turn {_js(s.compaction_owner)}"
+                    else f"turn {js_string(s.compaction_owner)}"
                 )
                 raise InvariantError(f"compaction/start while {owner} is still compacting")
-            turn = d.get("turn", _ABSENT)
+            turn = d.get("turn", ABSENT)
             _check_owner(turn, s.open_turn, t)
             return attrs.evolve(
                 s,
                 compaction_id=cid,
-                compaction_source=None if scid is _ABSENT else scid,
+                compaction_source=None if scid is ABSENT else scid,
                 compaction_owner=turn,
                 compaction_start=event.seq,
                 summarized=False,
@@ -285,17 +264,17 @@ class RelationalInvariants:
             shadowed = d.get("shadowedRange")
             if (
                 type(shadowed) is not dict
-                or not _same(seqs[0], shadowed.get("start", _ABSENT))
-                or not _same(seqs[-1], shadowed.get("end", _ABSENT))
+                or not _same(seqs[0], shadowed.get("start", ABSENT))
+                or not _same(seqs[-1], shadowed.get("end", ABSENT))
             ):
                 raise InvariantError("compaction/summary shadowedRange must match the first and last shadowedSeqs")
             if not _safe_count(d.get("shadowedTokenCount")):
                 raise InvariantError("compaction/summary shadowedTokenCount must be a non-negative safe integer")
             return attrs.evolve(s, summarized=True)
-        turn = d.get("turn", _ABSENT)
+        turn = d.get("turn", ABSENT)
         if not _same(turn, s.compaction_owner):
             raise InvariantError(
-                f"compaction/end owner {_js(turn)} does not match compaction/start owner {_js(s.compaction_owner)}"
+                f"compaction/end owner {js_string(turn)} does not match compaction/start owner {js_string(s.compaction_owner)}"
             )
         _check_owner(s.compaction_owner, s.open_turn, t)
         if "error" not in d and not s.summarized:
@@ -319,35 +298,35 @@ def _check_owner(owner: object, open_turn: object, t: str) -> None:
     """A standalone (``null``) bracket between turns, a numbered one inside its turn."""
     if owner is None:
         if open_turn is not None:
-            raise InvariantError(f"{t} is standalone but turn {_js(open_turn)} is open")
+            raise InvariantError(f"{t} is standalone but turn {js_string(open_turn)} is open")
         return
     if open_turn is None:
-        raise InvariantError(f"{t} for turn {_js(owner)} appended outside any open turn")
+        raise InvariantError(f"{t} for turn {js_string(owner)} appended outside any open turn")
     if not _same(owner, open_turn):
-        raise InvariantError(f"{t} names turn {_js(owner)} but open turn is {_js(open_turn)}")
+        raise InvariantError(f"{t} names turn {js_string(owner)} but open turn is {js_string(open_turn)}")
 
 
 def _check_source(label: str, value: object, expected: str | None) -> None:
     """The optional ``sourceCommandId`` equals the start's; absent on one side only
     is a mismatch (rendered ``undefined``, as the reference prints it)."""
-    if value is _ABSENT:
+    if value is ABSENT:
         if expected is None:
             return
     elif value == expected:
         return
-    shown = _ABSENT if expected is None else expected
+    shown = ABSENT if expected is None else expected
     raise InvariantError(
-        f"{label} sourceCommandId {_js(value)} does not match compaction/start sourceCommandId {_js(shown)}"
+        f"{label} sourceCommandId {js_string(value)} does not match compaction/start sourceCommandId {js_string(shown)}"
     )
 
 
 def _check_checkpoint(s: Trace, source: dict[str, Any]) -> None:
     """The checkpoint ``user/message`` (a replace with a compact source) names the
     open bracket. A summary before it is not required."""
-    cid = source.get("compactionId", _ABSENT)
-    scid = source.get("sourceCommandId", _ABSENT)
+    cid = source.get("compactionId", ABSENT)
+    scid = source.get("sourceCommandId", ABSENT)
     _check_id(cid, f"{_CHECKPOINT} compactionId")
-    if scid is not _ABSENT:
+    if scid is not ABSENT:
         _check_id(scid, f"{_CHECKPOINT} sourceCommandId")
     if s.compaction_id is None:
         raise InvariantError(f"{_CHECKPOINT} has no matching compaction/start")

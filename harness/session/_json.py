@@ -539,14 +539,21 @@ def thaw(value: JsonValue | RawJson) -> Any:
     return root
 
 
+ABSENT: Final[Any] = object()
+"""A key a JSON object does not have (JavaScript's ``undefined``; ``None`` is ``null``):
+pass it as the default of ``.get`` where a message must tell the two apart."""
+
+
 def js_string(value: object) -> str:
     """JavaScript's ``String(value)`` of a JSON value, as the reference interpolates
-    one into an error message (``None`` is JSON ``null``: a caller renders an absent
-    value as ``undefined`` itself). ``true``/``false``; an integral float as an
+    one into an error message (``None`` is JSON ``null``, :data:`ABSENT` is
+    ``undefined``). ``true``/``false``; an integral float as an
     integer (``2.0`` is ``2``); an array's elements joined by ``,`` (``null`` as the
     empty string); an object as ``[object Object]``."""
     if value is None:
         return "null"
+    if value is ABSENT:
+        return "undefined"
     if value is True:
         return "true"
     if value is False:
