@@ -14,6 +14,15 @@ ROOT = Path(__file__).resolve().parent.parent
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
 
 
+def _prints_ok(program: str) -> None:
+    """Run ``program`` in a fresh interpreter from the checkout: it must exit 0 and print ``ok``."""
+    done = subprocess.run(
+        [sys.executable, "-c", program], cwd=ROOT, capture_output=True, text=True, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "ok"
+
+
 def test_license_is_an_spdx_expression_with_its_file() -> None:
     # The `license = {text = ...}` table is deprecated by setuptools (a warning on every
     # install, an error from 2027-02): PEP 639's SPDX string and license-files instead.
@@ -56,11 +65,7 @@ def test_the_pytest_plugin_imports_without_the_project_test_tools() -> None:
         print("ok")
         """
     )
-    done = subprocess.run(
-        [sys.executable, "-c", program], cwd=ROOT, capture_output=True, text=True, check=False
-    )
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "ok"
+    _prints_ok(program)
 
 
 def test_the_cli_and_the_benches_do_not_import_the_test_framework() -> None:
@@ -79,11 +84,7 @@ def test_the_cli_and_the_benches_do_not_import_the_test_framework() -> None:
         print("ok")
         """
     )
-    done = subprocess.run(
-        [sys.executable, "-c", program], cwd=ROOT, capture_output=True, text=True, check=False
-    )
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "ok"
+    _prints_ok(program)
 
 
 def test_the_cli_group_imports_nothing_of_the_runtime() -> None:
@@ -107,11 +108,7 @@ def test_the_cli_group_imports_nothing_of_the_runtime() -> None:
         print("ok")
         """
     )
-    done = subprocess.run(
-        [sys.executable, "-c", program], cwd=ROOT, capture_output=True, text=True, check=False
-    )
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "ok"
+    _prints_ok(program)
 
 
 def test_the_repository_tracks_no_scratch_output() -> None:

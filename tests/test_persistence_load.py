@@ -64,6 +64,13 @@ def write_open_turn(root: Path, kind: str) -> list[dict[str, Any]]:
         },
     ]
     header = {"version": 0, "id": SID, "createdAt": 7, "cwd": "/w"}
+    store_log(root, kind, header, records)
+    tear(root, kind, len(records))
+    return [thaw(r) for r in stored(root, kind)[0]]
+
+
+def store_log(root: Path, kind: str, header: dict[str, Any], records: list[dict[str, Any]]) -> None:
+    """Write ``records`` as session ``s``'s stored log, under its writer lock, with a plain backend."""
     backend = plain_backend(root, kind)
     try:
         lease = backend.acquire_writer(header)
@@ -73,8 +80,6 @@ def write_open_turn(root: Path, kind: str) -> list[dict[str, Any]]:
             lease.release()
     finally:
         close_backend(backend)
-    tear(root, kind, len(records))
-    return [thaw(r) for r in stored(root, kind)[0]]
 
 
 def tear(root: Path, kind: str, next_seq: int) -> None:
@@ -450,15 +455,7 @@ def write_invalid_open_turn(root: Path, kind: str) -> bytes | list[dict[str, Any
         {"type": "session/end-seed", "seq": 1, "time": 10, "data": {}, "surfaceOp": "append"},
         {"type": "turn/start", "seq": 2, "time": 11, "data": {"turn": 1}},
     ]
-    backend = plain_backend(root, kind)
-    try:
-        lease = backend.acquire_writer(header)
-        try:
-            backend.materialize(header, [dict(r) for r in records], lease=lease)
-        finally:
-            lease.release()
-    finally:
-        close_backend(backend)
+    store_log(root, kind, header, records)
     tear(root, kind, len(records))
     return at_rest(root, kind)
 
@@ -504,15 +501,7 @@ async def test_an_append_does_not_adopt_a_balanced_log_that_does_not_restore(tmp
         {"type": "user/message", "seq": 0, "time": 10, "data": user("hello"), "surfaceOp": "append"},
         {"type": "session/end-seed", "seq": 1, "time": 10, "data": {}, "surfaceOp": "append"},
     ]
-    backend = plain_backend(tmp_path, kind)
-    try:
-        lease = backend.acquire_writer(header)
-        try:
-            backend.materialize(header, [dict(r) for r in records], lease=lease)
-        finally:
-            lease.release()
-    finally:
-        close_backend(backend)
+    store_log(tmp_path, kind, header, records)
     before = at_rest(tmp_path, kind)
     async with opened(tmp_path, kind) as p:
         with pytest.raises(Exception, match=r'^stored session "s" failed validation: '):
