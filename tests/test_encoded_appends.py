@@ -23,10 +23,11 @@ import trio
 from hypothesis import given
 from hypothesis import strategies as st
 
+from harness.errors import InvariantError
 from harness.persistence import JsonlBackend, SqliteBackend, open_persistence
 from harness.persistence._postgres import _same
 from harness.runtime import open_store
-from harness.session import EventDraft, Session, event_to_record, freeze, thaw
+from harness.session import Event, EventDraft, Session, event_to_record, freeze, thaw
 from harness.session._events import event_to_write_record
 from harness.session._json import (
     SnapshotRefused,
@@ -271,13 +272,65 @@ def test_surface_events_are_kept_as_trees_once_the_surface_is_derived() -> None:
     assert [m["id"] for m in s.derive_messages()] == ["m0", "m1"]
 
 
-def test_a_validated_session_keeps_every_appended_event_as_a_tree() -> None:
+def test_a_validated_session_keeps_trees_for_the_types_its_validator_reads() -> None:
     from harness.session import RelationalInvariants
 
     s = Session.create("checked", clock=lambda: 1, validator=RelationalInvariants())
+    s.append("user/message", _payload(0), surface_op="append")  # no rule reads its data
+    s.append("turn/start", {"turn": 1})  # the turn rules read it
+    s.append("custom/kind", {"a": 1})
+    s.append("step/start", {"turn": 1, "step": 1})
+    assert _encoded(s) == [True, False, True, False]
+    # The rules still hold over the encoded events (a turn/start is checked from its tree).
+    with pytest.raises(InvariantError, match="turn/start 2 while turn 1 is still open"):
+        s.append("turn/start", {"turn": 2})
+
+
+class _Counting:
+    """A validator that reads the data of every event it checks (no ``reads_data``)."""
+
+    def __init__(self) -> None:
+        self.seen: list[Any] = []
+
+    def initial(self) -> int:
+        return 0
+
+    def check(self, state: int, event: Event) -> int:
+        self.seen.append(event.data)
+        return state + 1
+
+
+class _ReadsCustom(_Counting):
+    reads_data = frozenset({"custom/kind"})
+
+
+def test_a_validator_that_declares_no_reads_keeps_every_event_as_a_tree() -> None:
+    v = _Counting()
+    s = Session.create("all", clock=lambda: 1, validator=v)
     s.append("user/message", _payload(0), surface_op="append")
-    s.append("turn/start", {"turn": 1})
-    assert not any(_encoded(s))
+    s.append("custom/kind", {"a": 1})
+    assert _encoded(s) == [False, False]
+    assert v.seen == [_payload(0), {"a": 1}]
+
+
+def test_a_validator_declaring_its_reads_sees_the_same_data_either_way() -> None:
+    # reads_data decides only how the data is kept: a validator reading a type it did
+    # not name still gets that event's data (decoded), equal to what it appended.
+    v = _ReadsCustom()
+    s = Session.create("some", clock=lambda: 1, validator=v)
+    s.append("user/message", _payload(0), surface_op="append")
+    s.append("custom/kind", {"a": [1, 2]})
+    assert _encoded(s) == [True, False]
+    assert [thaw(d) for d in v.seen] == [_payload(0), {"a": [1, 2]}]
+
+
+@pytest.mark.parametrize("reads", ["custom/kind", 5, [1, "a"]])
+def test_a_reads_declaration_that_is_not_a_set_of_types_means_every_type(reads: object) -> None:
+    v = _Counting()
+    v.reads_data = reads  # type: ignore[attr-defined]
+    s = Session.create("odd", clock=lambda: 1, validator=v)
+    s.append("custom/kind", {"a": 1})
+    assert _encoded(s) == [False]
 
 
 def test_chunk_deltas_and_request_headers_are_kept_as_trees() -> None:
@@ -343,23 +396,30 @@ def test_an_ignorable_appended_event_is_kept_whole_with_its_json_and_reads_back_
 def test_a_session_under_a_store_installed_validator_keeps_trees_and_one_without_encodes() -> None:
     from harness.session import RelationalInvariants
 
-    async def main() -> tuple[list[bool], list[bool], list[bool]]:
+    async def main() -> tuple[list[bool], list[bool], list[bool], list[bool]]:
         async with open_store(clock=lambda: 1) as store:
             plain = await store.create("plain")
             await plain.append("turn/start", {"turn": 1})
             remove = store.install_validator(RelationalInvariants)
             checked = await store.create("checked")
             await checked.append("turn/start", {"turn": 1})
+            await checked.append("custom/kind", {"a": 1})  # no rule reads it: encoded
             await plain.append("turn/end", {"turn": 1})
+            remove_all = store.install_validator(_Counting)  # reads every type
+            both = await store.create("both")
+            await both.append("custom/kind", {"a": 1})
+            remove_all()
             remove()
             await checked.append("turn/end", {"turn": 1})
             return (
                 _encoded(plain._entry.session),
                 _encoded(checked._entry.session),
-                [e.type == t for e, t in zip(checked.events, ("turn/start", "turn/end"), strict=True)],
+                _encoded(both._entry.session),
+                [e.type == t for e, t in zip(checked.events, ("turn/start", "custom/kind", "turn/end"), strict=True)],
             )
 
-    plain, checked, types = trio.run(main)
+    plain, checked, both, types = trio.run(main)
     assert plain == [True, False]  # encoded, then a tree while the validator was installed
-    assert checked == [False, True]  # a tree under it, encoded once it was removed
+    assert checked == [False, True, True]  # a tree of a type it reads, encoded once it was removed
+    assert both == [False]  # the union: one of the two validators reads every type
     assert all(types)

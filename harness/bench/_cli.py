@@ -18,6 +18,7 @@ from harness.bench import (
     _durable,
     _faults,
     _handoff,
+    _peer,
     _procs,
     _scoped,
     _streaming,
@@ -45,6 +46,7 @@ WORKLOADS: dict[str, Workload] = {
     "W17": _concurrency.w17,
     "W18": _procs.w18,
     "W19": _handoff.w19,
+    "W20": _peer.w20,
     "M1": _durable.m1,
 }
 """Workload ids; each may produce several variants (e.g. W2 -> W2, W2b)."""
@@ -59,6 +61,7 @@ _VARIANT_OF.update(
 )
 _VARIANT_OF.update({f"W18-{kind}": "W18" for kind in _procs.BACKENDS})
 _VARIANT_OF.update({f"W19-{form}": "W19" for form in _handoff.FORMS})
+_VARIANT_OF.update({f"W20-{form}-{b}": "W20" for form in _peer.FORMS for b in _peer.SHAPES})
 
 
 BACKEND_CHOICES = ("all", *_durable.BACKENDS)

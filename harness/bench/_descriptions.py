@@ -26,6 +26,8 @@ DESCRIPTIONS: dict[str, str] = {
     "0 errors, 0 lost, 0 reordered (issue 26's W13)",
     "W19": "one durable write handed off from Trio: W19-inline (the floor), -thread (to_thread), -uring "
     "(io_uring + eventfd), -harness (append(durable=True))",
+    "W20": "side by side with the Agents SDK's SQLiteSession: add_items of 1 and of 50 items, durable, "
+    "through TrioAgentsSession and AgentsSession (SQLite, JSONL)",
     "M1": "memory retained by a restored session",
 }
 """One line per workload, for ``harness bench --help`` (docs/architecture.md, Performance)."""

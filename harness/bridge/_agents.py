@@ -105,9 +105,8 @@ class TrioAgentsSession:
     async def _mutate(self, drafts: Sequence[EventDraft]) -> None:
         handle = await self.handle()
         with trio.CancelScope(shield=True):  # an SDK mutation runs to its outcome
-            await handle.append_batch(drafts)
-            if self.durable:
-                await handle.flush()
+            # One call when durable: the append and its flush with one schedule point.
+            await handle.append_batch(drafts, durable=self.durable)
 
     async def get_items(self, limit: int | None = None) -> list[TResponseInputItem]:
         """The items, oldest first; ``limit`` (else ``session_settings.limit``) keeps the

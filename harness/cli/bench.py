@@ -15,7 +15,7 @@ def _workload_list() -> str:
 
 
 def command() -> click.Command:
-    @click.command("bench", context_settings=CONTEXT, epilog=_workload_list(), short_help="Run benchmark workloads (W1..W19, M1).")
+    @click.command("bench", context_settings=CONTEXT, epilog=_workload_list(), short_help="Run benchmark workloads (W1..W20, M1).")
     @click.argument("workloads", nargs=-1, metavar="[WORKLOAD]...")
     @click.option("--n", type=click.IntRange(min=100), default=100_000, show_default=True, help="events per workload")
     @click.option("--runs", type=click.IntRange(min=1), default=5, show_default=True, help="runs per workload; the median is reported")

@@ -40,6 +40,7 @@ from harness.runtime._messages import (
     Prune,
 )
 from harness.session import Event, Session
+from harness.session._append_types import NO_TYPE, data_read_by_all
 from harness.session._commit import commit_single, plan_single
 from harness.session._events import SAFE_INT_MAX
 from harness.session._json import ABSENT, js_string, shown_safe_int
@@ -229,9 +230,16 @@ class SessionActor(Actor[Any]):
     def _append(self, drafts: tuple[Any, ...]) -> tuple[Event, ...]:
         session = self.session
         hooks = self.listeners.pre_commit
-        # The store's installed validators read every planned event's data: the
-        # planner then keeps trees rather than JSON to decode at once (decision 0023).
-        session._hooked = bool(self.session_handle._entry.companions)
+        # The store's installed validators read the data of the planned events of
+        # the types they name: the planner keeps those trees rather than JSON to decode
+        # at once (decision 0023).
+        companions = self.session_handle._entry.companions
+        if not companions:
+            session._hooked = NO_TYPE
+        elif len(companions) == 1:
+            session._hooked = next(iter(companions.values())).reads
+        else:
+            session._hooked = data_read_by_all(c.reads for c in companions.values())
         single = None
         if len(drafts) == 1 and drafts[0].ignorable is False:
             # One draft: the core's single append (what ``Session.append`` runs)

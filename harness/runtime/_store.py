@@ -66,6 +66,7 @@ from harness.runtime._scopes import Binding, Retirements, Scoped, check_listener
 from harness.runtime._session_actor import SessionActor
 from harness.runtime._warnings import Warnings
 from harness.session import AppendValidator, Clock, Event, Session, check_session_id, wall_clock_ms
+from harness.session._append_types import check_all, data_read_by
 
 log = logging.getLogger("harness.store")
 
@@ -147,13 +148,15 @@ class _Checked:
     log did grow by it (a later pre-commit hook may veto the batch).
     """
 
-    __slots__ = ("pending", "seq", "state", "validator")
+    __slots__ = ("pending", "reads", "seq", "state", "validator")
 
     def __init__(self, validator: AppendValidator, state: Any, seq: int) -> None:
         self.validator = validator
         self.state = state
         self.seq = seq
         self.pending: tuple[int, Any] | None = None
+        #: The event types whose data the validator reads (``AppendValidator.reads_data``).
+        self.reads = data_read_by(validator)
 
 
 class _Companion:
@@ -189,11 +192,8 @@ class _Companion:
             # The log grew past this hook (never in the runtime): start over.
             fresh = self.replay(entry.session)
             checked.seq, checked.state = fresh.seq, fresh.state
-        state = checked.state
-        check = checked.validator.check
         try:
-            for ev in events:
-                state = check(state, ev)
+            state = check_all(checked.validator, checked.state, events)
         except HarnessError as exc:
             exc.session_id = exc.session_id or handle.id
             raise

@@ -187,6 +187,10 @@ _set_type, _set_seq, _set_time, _set_data, _set_op, _set_src, _set_ignorable = m
     _slot_setter, ("type", "seq", "time", "_data", "surface_op", "source_event_seqs", "ignorable")
 )
 
+set_ignorable: Final = _set_ignorable
+"""``ignorable``'s slot setter, for a planner that marks an event it has just made (and
+nothing else holds yet): the frozen class's ``attrs.evolve`` walks every field."""
+
 
 def plain_event(type_: str, seq: int, time: int, data: RawJson | bytes, op: SurfaceOp | None) -> Event:
     """``Event(type_, seq, time, data, op, None)`` for the hot paths (a plain append, a

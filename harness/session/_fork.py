@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import bisect
 
+from harness.session._append_types import check_all
 from harness.session._events import APPEND, END_SEED, ReplaceOp
 from harness.session._log import Log
 from harness.session._seeding import begin_seed
@@ -35,10 +36,7 @@ def fork_into(child: SessionState, parent: SessionState, boundary: int) -> None:
     validator = child._validator
     if validator is not None:
         begin_seed(child, (events.type_at(i) for i in range(len(events))))
-        state = child._vstate
-        for ev in events:
-            state = validator.check(state, ev)
-        child._vstate = state
+        child._vstate = check_all(validator, child._vstate, events)
 
 
 def _fold_trusted(log: Log) -> SurfaceState:

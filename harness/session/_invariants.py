@@ -26,6 +26,7 @@ _END: Final = "compaction/end"
 _CHECKPOINT: Final = "compaction checkpoint"
 _BRACKET: Final = frozenset({_START, _SUMMARY, _END})
 _TURN_BOUNDARY: Final = frozenset({"turn/start", "turn/end"})
+_UNREAD: Final[dict[str, Any]] = {}
 
 
 @attrs.frozen(slots=True)
@@ -100,12 +101,49 @@ def _stale_orphans(types: Iterable[object]) -> frozenset[int]:
     return frozenset(stale)
 
 
+def _slot_setter(name: str) -> Any:
+    # The slot's member descriptor: its __set__ bypasses the frozen __setattr__.
+    return Trace.__dict__[name].__set__
+
+
+_new_object = object.__new__
+_TRACE_FIELDS: Final = tuple(f.name for f in attrs.fields(Trace))
+_TRACE_COPY: Final = tuple((_slot_setter(n), Trace.__dict__[n].__get__) for n in _TRACE_FIELDS if n != "last_seq")
+_set_last_seq: Final = _slot_setter("last_seq")
+
+
+def _at_seq(s: Trace, seq: int) -> Trace:
+    """``attrs.evolve(s, last_seq=seq)``, the one change every checked event makes,
+    without evolve's walk of the class's fields and its keyword ``__init__`` (the
+    largest part of a message event's check, decision 0026)."""
+    t = _new_object(Trace)
+    _set_last_seq(t, seq)
+    for set_, get in _TRACE_COPY:
+        set_(t, get(s))
+    return t
+
+
+#: The event types whose data :meth:`RelationalInvariants.check` reads when the event's
+#: surface op is ``append`` or absent (``AppendValidator.reads_data``); a ``user/message``
+#: is read only as a replacement (a compaction checkpoint).
+_READS_DATA: Final = frozenset({"step/start", "tool/result"}) | _TURN_BOUNDARY | _TURN_SCOPED | _BRACKET
+
+
+#: The types :meth:`RelationalInvariants.check` does more for than the seq order (and
+#: a ``user/message`` replacement): every other type only advances ``last_seq``.
+_RULED: Final = _READS_DATA | _TURN_ENCLOSED | {END_SEED}
+
+
 class RelationalInvariants:
     """Checks turn/step/tool-call structure and compaction brackets before each append commits.
 
     Use as ``Session.create(..., validator=RelationalInvariants())``. It is replayed
     over seeds too, so a session built from a bad log fails construction.
     """
+
+    #: The event types whose data ``check`` reads (``AppendValidator.reads_data``): an
+    #: event of any other type keeps its data as its JSON from the append on.
+    reads_data: Final = _READS_DATA
 
     def initial(self) -> Trace:
         return Trace()
@@ -121,15 +159,41 @@ class RelationalInvariants:
         """
         return attrs.evolve(state, stale_starts=_stale_orphans(types))
 
+    def check_batch(self, state: Trace, events: Iterable[Event]) -> Trace:
+        """:meth:`check` over ``events`` in turn: the same state after them, the same
+        first veto (``AppendValidator.check_batch``). An event of a type no rule but
+        the seq order concerns (most of a session's: messages, custom types) costs a
+        type test and a seq comparison here, not a new :class:`Trace` each."""
+        s = state
+        last = s.last_seq
+        check = self.check
+        for event in events:
+            t = event.type
+            if t in _RULED or (t == "user/message" and isinstance(event.surface_op, ReplaceOp)):
+                if last != s.last_seq:
+                    s = _at_seq(s, last)
+                s = check(s, event)
+                last = s.last_seq
+                continue
+            seq = event.seq
+            if seq <= last:
+                raise InvariantError(f"seq must strictly increase: saw {seq} after {last}")
+            last = seq
+        return s if last == s.last_seq else _at_seq(s, last)
+
     def check(self, state: Trace, event: Event) -> Trace:
         s = state
         seq = event.seq
         if seq <= s.last_seq:
             raise InvariantError(f"seq must strictly increase: saw {seq} after {s.last_seq}")
         t = event.type
-        raw = event.raw_data
-        d: dict[str, Any] = raw if type(raw) is dict else {}
-        s = attrs.evolve(s, last_seq=seq)
+        d: dict[str, Any]
+        if t in _READS_DATA or (t == "user/message" and isinstance(event.surface_op, ReplaceOp)):
+            raw = event.raw_data
+            d = raw if type(raw) is dict else {}
+        else:
+            d = _UNREAD  # no rule reads the data of this type: not decoded
+        s = _at_seq(s, seq)
         s = self._core(s, event, t, d)
         if t in _BRACKET:
             return self._bracket(s, event, t, d)

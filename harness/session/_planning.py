@@ -21,6 +21,7 @@ from harness.session._events import (
     Event,
     ReplaceOp,
     plain_event,
+    set_ignorable,
 )
 from harness.session._json import (
     MAX_STORABLE_DEPTH,
@@ -152,7 +153,9 @@ def plan_batch(s: SessionState, drafts: Sequence[EventDraft], time_ms: int | Non
         if d.ignorable is not False:
             if d.ignorable is not True:
                 raise EventError(f"ignorable must be a bool, got {shown(d.ignorable)}", session_id=s._sid)
-            event = attrs.evolve(event, ignorable=True)
+            # The event was made just now and nothing holds it yet: set, not evolved
+            # (attrs.evolve walks every field per call).
+            set_ignorable(event, True)
         if validator is not None:
             vstate = validator.check(vstate, event)
         if needs_clone:
@@ -186,15 +189,16 @@ def plan_one(
             common = NO_SURFACE
     if (
         common is not None
-        and s._validator is None
-        and not s._hooked
         and type_ not in KEEP_TREES
+        and type_ not in s._reads
+        and type_ not in s._hooked
         and (common is NO_SURFACE or not s._derive.read)
     ):
         # Their data is kept as its JSON where nothing is about to read its tree
-        # (decision 0023): not under a validator (its own or the store's: it reads
-        # every event), and a surface event only until the session's surface is first
-        # derived (each would be decoded).
+        # (decision 0023): not a type whose data a validator reads (its own or the
+        # store's, ``AppendValidator.reads_data``; one that declares none reads every
+        # type), and a surface event only until the session's surface is first derived
+        # (each would be decoded).
         try:
             return plain_event(type_, seq, now, encode_storable_fast(raw_data), common.surface_op), common
         except SnapshotRefused:

@@ -18,7 +18,14 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Final
 
 from harness.errors import SessionError
-from harness.session._append_types import AppendValidator, Clock, EventDraft, wall_clock_ms
+from harness.session._append_types import (
+    AppendValidator,
+    Clock,
+    EventDraft,
+    check_all,
+    data_read_by,
+    wall_clock_ms,
+)
 from harness.session._commit import append_one, commit
 from harness.session._derive import EventLog, MessageList
 from harness.session._events import Event, SurfaceOp
@@ -222,6 +229,7 @@ class Session(SessionState):
         self._sid = session_id
         self._clock = clock
         self._validator = validator
+        self._reads = data_read_by(validator)
         self._vstate = validator.initial() if validator is not None else None
         return self
 
@@ -348,10 +356,7 @@ class Session(SessionState):
         if hook is not None:
             type_at = self._events.type_at
             state = hook(state, (type_at(i) for i in range(self._first_live_seq)))
-        check = validator.check
-        for ev in self._events:
-            state = check(state, ev)
-        return state
+        return check_all(validator, state, self._events)
 
     # -- appending --------------------------------------------------------------------
 

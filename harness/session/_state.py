@@ -7,9 +7,10 @@ needs the :class:`Session` class (which imports them all).
 
 from __future__ import annotations
 
+from collections.abc import Container
 from typing import Any, Final
 
-from harness.session._append_types import AppendValidator, Clock, wall_clock_ms
+from harness.session._append_types import NO_TYPE, AppendValidator, Clock, wall_clock_ms
 from harness.session._derive import DeriveCache, EventLog
 from harness.session._events import END_SEED
 from harness.session._header import SessionHeader
@@ -47,6 +48,7 @@ class SessionState:
         "_last_context",
         "_last_end_seed",
         "_last_header",
+        "_reads",
         "_sid",
         "_surface",
         "_turn_marks",
@@ -65,9 +67,12 @@ class SessionState:
         self._clock: Clock = wall_clock_ms
         self._validator: AppendValidator | None = None
         self._vstate: Any = None
-        # A validator the store installed checks the planned events (set by the
-        # session actor before each plan): they keep trees, as under _validator.
-        self._hooked = False
+        # The event types whose data a validator reads (data_read_by): the planned
+        # events of those types keep trees (decision 0023). ``_reads``: the session's
+        # own validator's (set with it); ``_hooked``: the store's installed ones' (set
+        # by the session actor before each plan).
+        self._reads: Container[str] = NO_TYPE
+        self._hooked: Container[str] = NO_TYPE
         self._last_header = -1
         self._last_context = -1
         self._turn_marks: list[int] = []  # seqs of turn/start and turn/end, ascending
