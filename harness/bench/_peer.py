@@ -84,18 +84,25 @@ def _calls(conversation: list[dict[str, Any]], batch: int) -> Calls:
     return [conversation[i : i + batch] for i in range(0, len(conversation), batch)]
 
 
+async def _store(session: Any, calls: Calls) -> tuple[float, int]:
+    """Seconds to store ``calls`` through ``session`` (any SDK ``Session``, on the event
+    loop running it), and the items it holds afterwards. A first call creates or opens
+    the session's rows, untimed."""
+    await session.add_items([{"role": "user", "content": "first"}])
+    t0 = time.perf_counter()
+    for call in calls:
+        await session.add_items(call)
+    dt = time.perf_counter() - t0
+    return dt, len(await session.get_items())
+
+
 def _sdk(where: Path, calls: Calls) -> tuple[float, int]:
     from agents import SQLiteSession
 
     async def main() -> tuple[float, int]:
         session = SQLiteSession("w20", str(where / "sdk.db"))
         try:
-            await session.add_items([{"role": "user", "content": "first"}])  # creates the rows: not timed
-            t0 = time.perf_counter()
-            for call in calls:
-                await session.add_items(call)
-            dt = time.perf_counter() - t0
-            return dt, len(await session.get_items())
+            return await _store(session, calls)
         finally:
             session.close()
 
@@ -112,13 +119,7 @@ def _trio(where: Path, backend: str, calls: Calls) -> tuple[float, int]:
 
     async def main() -> tuple[float, int]:
         async with harness.open_runtime(_store_path(where, backend)) as rt:
-            session = TrioAgentsSession(rt, "w20", cwd="/bench")
-            await session.add_items([{"role": "user", "content": "first"}])  # opens the session: not timed
-            t0 = time.perf_counter()
-            for call in calls:
-                await session.add_items(call)
-            dt = time.perf_counter() - t0
-            return dt, len(await session.get_items())
+            return await _store(TrioAgentsSession(rt, "w20", cwd="/bench"), calls)
 
     return trio.run(main)
 
@@ -129,13 +130,7 @@ def _asyncio(where: Path, backend: str, calls: Calls) -> tuple[float, int]:
 
     async def main() -> tuple[float, int]:
         async with harness.open_runtime_in_thread(_store_path(where, backend)) as portal:
-            session = AgentsSession(portal, "w20", cwd="/bench")
-            await session.add_items([{"role": "user", "content": "first"}])  # opens the session: not timed
-            t0 = time.perf_counter()
-            for call in calls:
-                await session.add_items(call)
-            dt = time.perf_counter() - t0
-            return dt, len(await session.get_items())
+            return await _store(AgentsSession(portal, "w20", cwd="/bench"), calls)
 
     return asyncio.run(main())
 
