@@ -139,3 +139,12 @@ def test_a_run_of_unruled_events_makes_one_state_not_one_per_event() -> None:
     assert after.last_seq == 50 and after.open_turn == 1
     assert attrs.evolve(after, last_seq=0) == s  # nothing else moved
     assert v.check_batch(after, []) is after
+
+
+def test_a_seq_veto_comes_before_the_type_test_as_in_check() -> None:
+    # check tests the seq before it looks at the type: an Event built directly with a
+    # type that cannot be hashed (or looked up) is vetoed for its seq, not a TypeError.
+    v = RelationalInvariants()
+    events = [Event("custom/kind", 5, 1, {}, None, None), Event(["x"], 2, 1, {}, None, None)]  # type: ignore[arg-type]
+    assert _batched(v, v.initial(), events) == _one_by_one(v, v.initial(), events)
+    assert _batched(v, v.initial(), events)[0] == "veto"

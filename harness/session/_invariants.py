@@ -168,6 +168,11 @@ class RelationalInvariants:
         last = s.last_seq
         check = self.check
         for event in events:
+            # The seq first, as check does: its veto comes before anything the type
+            # test could raise (an Event built directly may carry any type).
+            seq = event.seq
+            if seq <= last:
+                raise InvariantError(f"seq must strictly increase: saw {seq} after {last}")
             t = event.type
             if t in _RULED or (t == "user/message" and isinstance(event.surface_op, ReplaceOp)):
                 if last != s.last_seq:
@@ -175,9 +180,6 @@ class RelationalInvariants:
                 s = check(s, event)
                 last = s.last_seq
                 continue
-            seq = event.seq
-            if seq <= last:
-                raise InvariantError(f"seq must strictly increase: saw {seq} after {last}")
             last = seq
         return s if last == s.last_seq else _at_seq(s, last)
 
