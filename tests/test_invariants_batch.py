@@ -148,3 +148,16 @@ def test_a_seq_veto_comes_before_the_type_test_as_in_check() -> None:
     events = [Event("custom/kind", 5, 1, {}, None, None), Event(["x"], 2, 1, {}, None, None)]  # type: ignore[arg-type]
     assert _batched(v, v.initial(), events) == _one_by_one(v, v.initial(), events)
     assert _batched(v, v.initial(), events)[0] == "veto"
+
+
+def test_check_batch_keeps_the_last_seq_object_check_keeps() -> None:
+    # Events built directly may carry any seq. After a NaN (never <= anything) a seq
+    # may equal an earlier one without being it (True after 1): check in turn keeps the
+    # later one, and names it in the next veto.
+    v = RelationalInvariants()
+    nan = float("nan")
+    start = v.check(v.initial(), Event("turn/start", 1, 1, {"turn": 1}, None, None))
+    odd = [Event("custom/kind", nan, 1, {}, None, None), Event("custom/kind", True, 1, {}, None, None)]
+    assert v.check_batch(start, odd).last_seq is True
+    events = [*odd, Event("turn/end", 0, 1, {"turn": 1}, None, None)]
+    assert _batched(v, start, events) == _one_by_one(v, start, events)

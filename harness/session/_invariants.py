@@ -175,13 +175,15 @@ class RelationalInvariants:
                 raise InvariantError(f"seq must strictly increase: saw {seq} after {last}")
             t = event.type
             if t in _RULED or (t == "user/message" and isinstance(event.surface_op, ReplaceOp)):
-                if last != s.last_seq:
+                # Identity, not ==: a NaN seq (never <= anything) lets a later seq equal
+                # an earlier one (True after 1), and check keeps the later object.
+                if last is not s.last_seq:
                     s = _at_seq(s, last)
                 s = check(s, event)
                 last = s.last_seq
                 continue
             last = seq
-        return s if last == s.last_seq else _at_seq(s, last)
+        return s if last is s.last_seq else _at_seq(s, last)
 
     def check(self, state: Trace, event: Event) -> Trace:
         s = state
