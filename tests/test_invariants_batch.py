@@ -10,11 +10,14 @@ from __future__ import annotations
 from typing import Any
 
 import attrs
+import pytest
+import trio
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harness.errors import HarnessError
-from harness.session import Event, RelationalInvariants, ReplaceOp, Trace
+from harness.errors import HarnessError, InvariantError
+from harness.runtime import open_store
+from harness.session import Event, EventDraft, RelationalInvariants, ReplaceOp, Trace
 
 _TYPES = (
     "turn/start",
@@ -161,3 +164,32 @@ def test_check_batch_keeps_the_last_seq_object_check_keeps() -> None:
     assert v.check_batch(start, odd).last_seq is True
     events = [*odd, Event("turn/end", 0, 1, {"turn": 1}, None, None)]
     assert _batched(v, start, events) == _one_by_one(v, start, events)
+
+
+class _NoCustomOutsideATurn(RelationalInvariants):
+    """A subclass with a rule of its own, on a type the base class never looks at."""
+
+    def check(self, state: Trace, event: Event) -> Trace:
+        if event.type == "custom/kind" and state.open_turn is None:
+            raise InvariantError("custom/kind outside a turn")
+        return super().check(state, event)
+
+
+def test_a_subclass_that_overrides_check_is_checked_by_check_batch() -> None:
+    v = _NoCustomOutsideATurn()
+    events = [Event("custom/kind", 0, 1, {}, None, None)]
+    assert _batched(v, v.initial(), events) == _one_by_one(v, v.initial(), events)
+
+
+def test_an_installed_subclass_vetoes_what_its_own_check_vetoes() -> None:
+    # The store's installed validators call check_batch: the subclass's rule holds there.
+    async def main() -> None:
+        async with open_store(validator_factory=_NoCustomOutsideATurn) as store:
+            h = await store.create("s")
+            with pytest.raises(InvariantError, match="custom/kind outside a turn"):
+                await h.append("custom/kind", {})
+            with pytest.raises(InvariantError, match="custom/kind outside a turn"):
+                await h.append_batch([EventDraft("user/message", {"role": "user", "content": "x"}, "append"), EventDraft("custom/kind", {})])
+            assert len(h.events) == 0
+
+    trio.run(main)
