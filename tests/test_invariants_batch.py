@@ -193,3 +193,31 @@ def test_an_installed_subclass_vetoes_what_its_own_check_vetoes() -> None:
             assert len(h.events) == 0
 
     trio.run(main)
+
+
+@attrs.frozen(slots=True)
+class _Counted(Trace):
+    """A subclass's state: the base fields and one of its own."""
+
+    customs: int = 0
+
+
+class _Counting(RelationalInvariants):
+    def initial(self) -> _Counted:
+        return _Counted()
+
+    def check(self, state: Trace, event: Event) -> Trace:
+        s = super().check(state, event)
+        return attrs.evolve(s, customs=s.customs + 1) if event.type == "custom/kind" else s  # type: ignore[attr-defined]
+
+
+def test_a_trace_subclass_keeps_its_class_and_fields_through_check() -> None:
+    # check advanced last_seq as attrs.evolve does (the state's own class), not by
+    # building a plain Trace: a subclass's fields survive every event.
+    v = _Counting()
+    events = [Event("custom/kind", 0, 1, {}, None, None), Event("user/message", 1, 1, {}, "append", None)]
+    s = v.check_batch(v.initial(), events)
+    assert type(s) is _Counted and s.customs == 1 and s.last_seq == 1
+    plain = RelationalInvariants()
+    assert type(plain.check_batch(_Counted(customs=3), events)) is _Counted
+    assert plain.check_batch(_Counted(customs=3), events).customs == 3

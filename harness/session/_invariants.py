@@ -116,6 +116,8 @@ def _at_seq(s: Trace, seq: int) -> Trace:
     """``attrs.evolve(s, last_seq=seq)``, the one change every checked event makes,
     without evolve's walk of the class's fields and its keyword ``__init__`` (the
     largest part of a message event's check, decision 0026)."""
+    if type(s) is not Trace:
+        return attrs.evolve(s, last_seq=seq)  # a subclass's state: its class and fields kept
     t = _new_object(Trace)
     _set_last_seq(t, seq)
     for set_, get in _TRACE_COPY:
