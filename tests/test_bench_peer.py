@@ -55,3 +55,27 @@ def test_without_the_sdk_the_rows_say_why(monkeypatch: pytest.MonkeyPatch) -> No
     rows = _peer.w20(100, 1)
     assert len(rows) == len(_peer.FORMS) * len(_peer.SHAPES)
     assert all(r.extra == {"unavailable": "the OpenAI Agents SDK is not installed"} for r in rows)
+
+
+@pytest.mark.parametrize("form", [f for f in _peer.FORMS if f != "sdk"])
+def test_each_harness_form_stores_on_the_backend_it_names(form: str, tmp_path: Path) -> None:
+    # open_runtime(root) alone is JSONL: a "-sqlite" form must name its backend, or it
+    # measures JSONL in a directory called sessions.db.
+    _, stored = _peer._run(form, tmp_path, _peer._calls(_peer.items(3), 2))
+    assert stored == 4
+    if form.endswith("-sqlite"):
+        db = tmp_path / "sessions.db"
+        assert db.is_file() and db.read_bytes()[:16] == b"SQLite format 3\x00"
+    else:
+        assert list((tmp_path / "sessions").rglob("session.jsonl"))
+
+
+def test_a_harness_form_counts_the_items_on_disk(tmp_path: Path) -> None:
+    # The count is read back by a fresh runtime from the files, not from the writing
+    # session's in-memory log: items that never reached the disk are not counted.
+    assert _peer._run("trio-jsonl", tmp_path, _peer._calls(_peer.items(3), 1))[1] == 4
+    for log in (tmp_path / "sessions").rglob("session.jsonl"):
+        lines = log.read_bytes().splitlines(keepends=True)
+        last = max(i for i, line in enumerate(lines) if b'"openai-agents/item"' in line)
+        log.write_bytes(b"".join(lines[:last]))  # the last item lost (and what followed it)
+    assert _peer._stored(tmp_path, "jsonl") == 3

@@ -32,12 +32,15 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import trio
 
 from harness.bench._events import bench_text
 from harness.bench._runner import Result
+
+if TYPE_CHECKING:
+    from harness._runtime_api import BackendName
 
 Calls = list[list[Any]]
 """The items of each ``add_items`` call, in order (SDK input items: plain dicts)."""
@@ -84,16 +87,14 @@ def _calls(conversation: list[dict[str, Any]], batch: int) -> Calls:
     return [conversation[i : i + batch] for i in range(0, len(conversation), batch)]
 
 
-async def _store(session: Any, calls: Calls) -> tuple[float, int]:
+async def _store(session: Any, calls: Calls) -> float:
     """Seconds to store ``calls`` through ``session`` (any SDK ``Session``, on the event
-    loop running it), and the items it holds afterwards. A first call creates or opens
-    the session's rows, untimed."""
+    loop running it). A first call creates or opens the session's rows, untimed."""
     await session.add_items([{"role": "user", "content": "first"}])
     t0 = time.perf_counter()
     for call in calls:
         await session.add_items(call)
-    dt = time.perf_counter() - t0
-    return dt, len(await session.get_items())
+    return time.perf_counter() - t0
 
 
 def _sdk(where: Path, calls: Calls) -> tuple[float, int]:
@@ -102,37 +103,56 @@ def _sdk(where: Path, calls: Calls) -> tuple[float, int]:
     async def main() -> tuple[float, int]:
         session = SQLiteSession("w20", str(where / "sdk.db"))
         try:
-            return await _store(session, calls)
+            dt = await _store(session, calls)
+            return dt, len(await session.get_items())  # read from its database
         finally:
             session.close()
 
     return asyncio.run(main())
 
 
+_BACKEND: Final[dict[str, BackendName]] = {"sqlite": "sqlite", "jsonl": "jsonl"}
+
+
 def _store_path(where: Path, backend: str) -> str:
     return str(where / ("sessions.db" if backend == "sqlite" else "sessions"))
+
+
+def _stored(where: Path, backend: str) -> int:
+    """The items the store at ``where`` holds, read back from its files by a fresh
+    runtime (a harness session's ``get_items`` reads its in-memory log, which would
+    count items that never reached the disk). Not timed."""
+    import harness
+    from harness.bridge import TrioAgentsSession
+
+    async def main() -> int:
+        async with harness.open_runtime(_store_path(where, backend), _BACKEND[backend]) as rt:
+            return len(await TrioAgentsSession(rt, "w20", cwd="/bench").get_items())
+
+    return trio.run(main)
 
 
 def _trio(where: Path, backend: str, calls: Calls) -> tuple[float, int]:
     import harness
     from harness.bridge import TrioAgentsSession
 
-    async def main() -> tuple[float, int]:
-        async with harness.open_runtime(_store_path(where, backend)) as rt:
+    async def main() -> float:
+        # The backend named, not inferred: open_runtime(root) alone is JSONL.
+        async with harness.open_runtime(_store_path(where, backend), _BACKEND[backend]) as rt:
             return await _store(TrioAgentsSession(rt, "w20", cwd="/bench"), calls)
 
-    return trio.run(main)
+    return trio.run(main), _stored(where, backend)
 
 
 def _asyncio(where: Path, backend: str, calls: Calls) -> tuple[float, int]:
     import harness
     from harness.bridge import AgentsSession
 
-    async def main() -> tuple[float, int]:
-        async with harness.open_runtime_in_thread(_store_path(where, backend)) as portal:
+    async def main() -> float:
+        async with harness.open_runtime_in_thread(_store_path(where, backend), _BACKEND[backend]) as portal:
             return await _store(AgentsSession(portal, "w20", cwd="/bench"), calls)
 
-    return asyncio.run(main())
+    return asyncio.run(main()), _stored(where, backend)
 
 
 def _run(form: str, where: Path, calls: Calls) -> tuple[float, int]:
@@ -146,7 +166,8 @@ def _run(form: str, where: Path, calls: Calls) -> tuple[float, int]:
 def measure(batch: int, count: int, runs: int, forms: tuple[str, ...] = FORMS) -> dict[str, list[float]]:
     """Seconds per run of each form storing ``count`` items ``batch`` per call, the
     forms taking turns (forwards, then backwards). Raises if a form did not store
-    every item (a benchmark of a broken path measures nothing)."""
+    every item, as read back from its files (a benchmark of a broken path measures
+    nothing)."""
     calls = _calls(items(count), batch)
     times: dict[str, list[float]] = {form: [] for form in forms}
     for r in range(runs):
