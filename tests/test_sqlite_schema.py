@@ -231,8 +231,9 @@ def test_scalar_rows_hold_the_reference_encoding(backend: SqliteBackend) -> None
 
 def mixed_batch(n: int) -> list[dict[str, Any]]:
     """Every row shape, in runs longer and shorter than a segment: plain scalar events,
-    ``surfaceOp: "append"`` ones, optional fields, a non-append op, large (zstd) data,
-    packed chunk runs and runs of two chunks."""
+    ``surfaceOp: "append"`` ones, ``ignorable`` ones (with and without the op, small and
+    large data), optional fields, a non-append op, large (zstd) data, packed chunk runs
+    and runs of two chunks."""
     out: list[dict[str, Any]] = []
     while len(out) < n:
         i = len(out)
@@ -243,8 +244,12 @@ def mixed_batch(n: int) -> list[dict[str, Any]]:
             out.append(rec("turn/start", i, {"turn": i}))
         elif k == 2:
             out.append(rec("tool/result", i, {"i": i}, surfaceOp="append", sourceEventSeqs=[max(0, i - 3), i - 1]))
-        elif k == 3:
+        elif k == 3 and i % 3 == 0:
             out.append(rec("future/x", i, None, ignorable=True))
+        elif k == 3 and i % 3 == 1:
+            out.append(rec("user/message", i, user(f"i{i}"), surfaceOp="append", ignorable=True))
+        elif k == 3:
+            out.append(rec("openai-agents/item", i, {"item": {"text": "big " * 2000}}, ignorable=True))
         elif k == 4:
             out.append(rec("assistant/chunk", i, {"turn": 1, "step": 1, "chunk": {"type": "text-delta", "index": 0, "text": "ab"}}))
         elif k == 5:
@@ -281,6 +286,7 @@ def test_segmented_five_parameter_inserts_store_what_eight_parameters_would(back
     assert mine == raw(tmp_path / "wide.db", dump)
     kinds = {(r[8], r[9]) for r in mine}
     assert ("text", None) in kinds and ("null", None) in kinds and ("null", 0) in kinds and ("null", 1) in kinds
+    assert ("text", 1) in kinds  # an ignorable append
     assert any(r[4] == "blob" for r in mine) and any(r[1] == "text-chunks" for r in mine)
 
 

@@ -54,6 +54,15 @@ INSERT: Final = _INSERT_INTO + "VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
 INSERT_APPEND: Final = _INSERT_INTO + """VALUES (?, ?, ?, ?, ?, NULL, '"append"', NULL)"""
 #: A scalar event with no optional field: five parameters.
 INSERT_PLAIN: Final = _INSERT_INTO + "VALUES (?, ?, ?, ?, ?, NULL, NULL, NULL)"
+#: The same two with ``ignorable: true`` (an extension's type, e.g. the SDK sessions' items).
+INSERT_APPEND_IGNORABLE: Final = _INSERT_INTO + """VALUES (?, ?, ?, ?, ?, NULL, '"append"', 1)"""
+INSERT_PLAIN_IGNORABLE: Final = _INSERT_INTO + "VALUES (?, ?, ?, ?, ?, NULL, NULL, 1)"
+_NARROW: Final = {
+    (False, False): INSERT_PLAIN,
+    (True, False): INSERT_APPEND,
+    (False, True): INSERT_PLAIN_IGNORABLE,
+    (True, True): INSERT_APPEND_IGNORABLE,
+}
 SEGMENT_ROWS: Final = 512
 
 Row = tuple[Any, ...]
@@ -220,12 +229,13 @@ def bind_segments(
     """The rows of a batch as ``(statement, rows)`` segments to ``executemany`` in
     order, chunk runs packed when ``pack`` (an append batch; never across batches).
 
-    With ``narrow``, the common row (a scalar event without ``sourceEventSeqs`` or
-    ``ignorable``, its ``surfaceOp`` absent or ``"append"``) binds five parameters
-    ``(session_id, seq, type, time, data)`` to :data:`INSERT_APPEND` or
-    :data:`INSERT_PLAIN`, which spell the three constant columns as SQL literals (the
-    stored values are the same; binding three fewer parameters per row is ~30% of the
-    insert); every other row binds all eight to :data:`INSERT`. Segments hold at most
+    With ``narrow``, the common row (a scalar event without ``sourceEventSeqs``, its
+    ``surfaceOp`` absent or ``"append"``, its ``ignorable`` absent or true) binds five
+    parameters ``(session_id, seq, type, time, data)`` to :data:`INSERT_APPEND`,
+    :data:`INSERT_PLAIN` or their ``_IGNORABLE`` twins, which spell the three constant
+    columns as SQL literals (the stored values are the same; binding three fewer
+    parameters per row is ~30% of the insert); every other row binds all eight to
+    :data:`INSERT`. Segments hold at most
     ``size`` rows: consumed while inserting, each one's rows are still in the CPU cache.
     Without ``narrow``, one segment of eight-parameter :data:`INSERT` rows.
 
@@ -253,13 +263,19 @@ def bind_segments(
         target = INSERT
         # The common record, inline: type, seq, time, data [, surfaceOp "append"].
         if is_dict and type(type_) is str and type_:
+            # Exactly type, seq, time, data, [surfaceOp "append"], [ignorable true]: the
+            # key count and the optional keys' values say which (seq, time and data
+            # are read below; a missing one is the general path's verdict).
             n = len(rec)
-            if n == 5:
+            append = ignorable = False
+            if n == 4:
+                fast = True
+            elif n == 5:
                 append = rec.get("surfaceOp") == "append"
-                fast = append
+                ignorable = not append and rec.get("ignorable") is True
+                fast = append or ignorable
             else:
-                append = False
-                fast = n == 4
+                append = ignorable = fast = n == 6 and rec.get("surfaceOp") == "append" and rec.get("ignorable") is True
             if fast:
                 try:
                     seq = rec["seq"]
@@ -275,10 +291,10 @@ def bind_segments(
                             raise _refuse(sid, rec, str(exc)) from exc
                         text = raw.decode() if len(raw) < threshold else _data_value(raw)
                         if narrow:
-                            target = INSERT_APPEND if append else INSERT_PLAIN
+                            target = _NARROW[append, ignorable]
                             row = (sid, seq, type_, time_, text)
                         else:
-                            row = (sid, seq, type_, time_, text, None, append_json if append else None, None)
+                            row = (sid, seq, type_, time_, text, None, append_json if append else None, 1 if ignorable else None)
         if row is None:
             row = bind_event(sid, rec)
         if before is not None:

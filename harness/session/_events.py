@@ -238,8 +238,11 @@ def _record(event: Event, data: Any) -> dict[str, Any]:
     # The plain append (an "append" op, nothing else) is one dict display.
     op = event.surface_op
     src = event.source_event_seqs
-    if op == APPEND and src is None and not event.ignorable:
-        return {"type": event.type, "seq": event.seq, "time": event.time, "data": data, "surfaceOp": APPEND}
+    if src is None:
+        if op == APPEND and not event.ignorable:
+            return {"type": event.type, "seq": event.seq, "time": event.time, "data": data, "surfaceOp": APPEND}
+        if op is None and event.ignorable is True:  # an extension's log-only type (the SDK sessions' items)
+            return {"type": event.type, "seq": event.seq, "time": event.time, "data": data, "ignorable": True}
     rec: dict[str, Any] = {"type": event.type, "seq": event.seq, "time": event.time, "data": data}
     if src is not None:
         rec["sourceEventSeqs"] = src
