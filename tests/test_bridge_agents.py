@@ -275,3 +275,37 @@ async def test_an_event_draft_marked_ignorable_is_logged_so_and_a_bad_flag_refus
         with pytest.raises(EventError, match="ignorable must be a bool, got 1"):
             await s.append_batch([EventDraft("my-extension/record", {"n": 2}, ignorable=1)])  # type: ignore[arg-type]
         assert len(s.events) == 1
+
+
+def test_a_stored_item_is_held_once_not_again_by_the_session_object() -> None:
+    # The log keeps each item as its JSON (decision 0026); the session object folds the
+    # items' seqs and decodes an item when it is read. Holding decoded copies as well
+    # took 1,444 bytes per item here (the log's JSON and a tree); the log alone 574.
+    import gc
+    import tracemalloc
+
+    import orjson
+
+    from harness.bench._peer import items
+
+    conv = items(2000)
+    size = sum(len(orjson.dumps(i)) for i in conv) / len(conv)
+
+    async def main() -> float:
+        async with harness.open_runtime(None) as rt:
+            session = TrioAgentsSession(rt, "held", cwd="/x")
+            await session.add_items(conv[:1])
+            await session.get_items()
+            gc.collect()
+            tracemalloc.start()
+            try:
+                for i in range(0, len(conv), 50):
+                    await session.add_items(conv[i : i + 50])
+                assert await session.get_items() == [conv[0], *conv]
+                gc.collect()
+                return tracemalloc.get_traced_memory()[0] / len(conv)
+            finally:
+                tracemalloc.stop()
+
+    held = trio.run(main)
+    assert held < 2.5 * size, f"{held:.0f} bytes retained per item of {size:.0f} bytes of JSON"

@@ -73,8 +73,10 @@ class TrioAgentsSession:
         self._meta = meta
         self._lock = trio.Lock()
         self._handle: SessionHandle | None = None
-        # The fold: (seq, item) of the items on the list, and how far the log was read.
-        self._items: list[tuple[int, Any]] = []
+        # The fold: the seqs of the items on the list, and how far the log was read. Seqs,
+        # not the items: the log keeps each item (as its JSON, decision 0026), and an
+        # item is decoded when it is read, as SQLiteSession decodes its rows.
+        self._items: list[int] = []
         self._read = 0
 
     async def handle(self) -> SessionHandle:
@@ -86,21 +88,28 @@ class TrioAgentsSession:
             self._items, self._read = [], 0
         return self._handle
 
-    def _fold(self, handle: SessionHandle) -> list[tuple[int, Any]]:
+    def _fold(self, handle: SessionHandle) -> list[int]:
         events = handle.events
         items = self._items
         for seq in range(self._read, len(events)):
             event = events[seq]
-            data: Any = event.data  # a FrozenDict for the three types (written below)
-            if event.type == ITEM:
-                items.append((seq, data["item"]))
-            elif event.type == POP:
+            t = event.type
+            if t == ITEM:
+                items.append(seq)
+            elif t == POP:
+                data: Any = event.data  # a FrozenDict (written below)
                 popped = data["seq"]
-                items[:] = [entry for entry in items if entry[0] != popped]
-            elif event.type == CLEAR:
+                items[:] = [s for s in items if s != popped]
+            elif t == CLEAR:
                 items.clear()
         self._read = len(events)
         return items
+
+    @staticmethod
+    def _item(handle: SessionHandle, seq: int) -> Any:
+        """The item logged at ``seq``, as a fresh plain dict."""
+        data: Any = handle.events[seq].data  # a FrozenDict (written below)
+        return thaw(data["item"])
 
     async def _mutate(self, drafts: Sequence[EventDraft]) -> None:
         handle = await self.handle()
@@ -113,10 +122,11 @@ class TrioAgentsSession:
         latest ``limit`` of them: ``None`` or a negative limit all, ``0`` none. Each
         call returns fresh plain dicts."""
         async with self._lock:
-            items = self._fold(await self.handle())
+            handle = await self.handle()
+            items = self._fold(handle)
             n = _limit_of(limit, self.session_settings)
             chosen = items if n is None or n < 0 else items[len(items) - n :] if n else []
-            return [thaw(item) for _, item in chosen]
+            return [self._item(handle, seq) for seq in chosen]
 
     async def add_items(self, items: list[TResponseInputItem]) -> None:
         """Append ``items`` in one atomic batch (all land or none). An item that is not
@@ -136,12 +146,14 @@ class TrioAgentsSession:
         """Take the latest item off the list and return it (``None`` if empty): logs
         ``openai-agents/pop {seq}``, the item's own event stays in the log."""
         async with self._lock:
-            items = self._fold(await self.handle())
+            handle = await self.handle()
+            items = self._fold(handle)
             if not items:
                 return None
-            seq, item = items[-1]
+            seq = items[-1]
+            item = self._item(handle, seq)
             await self._mutate([EventDraft(POP, {"seq": seq}, ignorable=True)])
-            return thaw(item)  # type: ignore[no-any-return]
+            return item  # type: ignore[no-any-return]
 
     async def clear_session(self) -> None:
         """Empty the list: logs ``openai-agents/clear`` (nothing if already empty);
