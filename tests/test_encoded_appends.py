@@ -423,3 +423,15 @@ def test_a_session_under_a_store_installed_validator_keeps_trees_and_one_without
     assert checked == [False, True, True]  # a tree of a type it reads, encoded once it was removed
     assert both == [False]  # the union: one of the two validators reads every type
     assert all(types)
+
+
+def test_the_log_only_draft_factory_makes_the_constructors_draft() -> None:
+    import attrs
+
+    from harness.session._append_types import log_only_draft
+
+    made = log_only_draft("x/y", {"a": 1}, True)
+    assert made == EventDraft("x/y", {"a": 1}, ignorable=True) and type(made) is EventDraft
+    assert log_only_draft("x/y", None) == EventDraft("x/y", None)
+    with pytest.raises(attrs.exceptions.FrozenInstanceError):
+        made.type = "z"  # type: ignore[misc]

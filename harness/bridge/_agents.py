@@ -20,6 +20,7 @@ from harness._open import open_session_handle
 from harness.bridge._thread import RuntimeThread
 from harness.errors import SessionArgumentError
 from harness.session import EventDraft, thaw
+from harness.session._append_types import log_only_draft
 
 if TYPE_CHECKING:
     from agents.items import TResponseInputItem
@@ -131,16 +132,19 @@ class TrioAgentsSession:
     async def add_items(self, items: list[TResponseInputItem]) -> None:
         """Append ``items`` in one atomic batch (all land or none). An item that is not
         a JSON object is refused before anything is written."""
+        drafts: list[EventDraft] = []
+        push = drafts.append
         for item in items:
             if not isinstance(item, dict):
                 raise SessionArgumentError(
                     f'session "{self.session_id}": an SDK item must be a dict, got {item!r}',
                     session_id=self.session_id,
                 )
-        if not items:
+            push(log_only_draft(ITEM, {"item": item}, True))
+        if not drafts:
             return
         async with self._lock:
-            await self._mutate([EventDraft(ITEM, {"item": item}, ignorable=True) for item in items])
+            await self._mutate(drafts)
 
     async def pop_item(self) -> TResponseInputItem | None:
         """Take the latest item off the list and return it (``None`` if empty): logs
