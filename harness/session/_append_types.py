@@ -11,7 +11,7 @@ from typing import Any, Final, Protocol
 
 import attrs
 
-from harness.session._events import Event
+from harness.session._events import Event, slot_setter
 
 Clock = Callable[[], int]
 """Returns wall-clock time in integer milliseconds."""
@@ -39,14 +39,9 @@ class EventDraft:
     ignorable: bool = False
 
 
-def _draft_setter(name: str) -> Any:
-    # The slot's member descriptor: its __set__ bypasses the frozen __setattr__.
-    return EventDraft.__dict__[name].__set__
-
-
 _new_draft = object.__new__
-_set_dtype, _set_ddata, _set_dop, _set_dsrc, _set_dignorable = map(
-    _draft_setter, ("type", "data", "surface_op", "source_event_seqs", "ignorable")
+_set_dtype, _set_ddata, _set_dop, _set_dsrc, _set_dignorable = (
+    slot_setter(EventDraft, n) for n in ("type", "data", "surface_op", "source_event_seqs", "ignorable")
 )
 
 

@@ -176,15 +176,17 @@ class Event:
         return f"Event({self.type!r}, seq={self.seq}, data={self.data!r}{op})"
 
 
-def _slot_setter(name: str) -> Callable[[Event, Any], None]:
-    # The slot's member descriptor: its __set__ bypasses the frozen __setattr__.
-    descriptor: Any = Event.__dict__[name]
+def slot_setter(cls: type, name: str) -> Callable[[Any, Any], None]:
+    """The setter of slot ``name`` of the frozen, slotted attrs class ``cls``, for the
+    hot paths that build an instance without attrs' ``__init__`` (decision 0022): the
+    slot's member descriptor, whose ``__set__`` bypasses the frozen ``__setattr__``."""
+    descriptor: Any = cls.__dict__[name]
     return descriptor.__set__  # type: ignore[no-any-return]
 
 
 _new_object = object.__new__
-_set_type, _set_seq, _set_time, _set_data, _set_op, _set_src, _set_ignorable = map(
-    _slot_setter, ("type", "seq", "time", "_data", "surface_op", "source_event_seqs", "ignorable")
+_set_type, _set_seq, _set_time, _set_data, _set_op, _set_src, _set_ignorable = (
+    slot_setter(Event, n) for n in ("type", "seq", "time", "_data", "surface_op", "source_event_seqs", "ignorable")
 )
 
 set_ignorable: Final = _set_ignorable

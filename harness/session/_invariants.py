@@ -14,7 +14,7 @@ from typing import Any, Final
 import attrs
 
 from harness.errors import InvariantError
-from harness.session._events import END_SEED, SAFE_INT_MAX, Event, ReplaceOp
+from harness.session._events import END_SEED, SAFE_INT_MAX, Event, ReplaceOp, slot_setter
 from harness.session._json import ABSENT, ARRAY, js_string
 
 _TURN_SCOPED = frozenset({"step/end", "assistant/chunk", "assistant/message", "tool/call"})
@@ -101,15 +101,10 @@ def _stale_orphans(types: Iterable[object]) -> frozenset[int]:
     return frozenset(stale)
 
 
-def _slot_setter(name: str) -> Any:
-    # The slot's member descriptor: its __set__ bypasses the frozen __setattr__.
-    return Trace.__dict__[name].__set__
-
-
 _new_object = object.__new__
 _TRACE_FIELDS: Final = tuple(f.name for f in attrs.fields(Trace))
-_TRACE_COPY: Final = tuple((_slot_setter(n), Trace.__dict__[n].__get__) for n in _TRACE_FIELDS if n != "last_seq")
-_set_last_seq: Final = _slot_setter("last_seq")
+_TRACE_COPY: Final = tuple((slot_setter(Trace, n), Trace.__dict__[n].__get__) for n in _TRACE_FIELDS if n != "last_seq")
+_set_last_seq: Final = slot_setter(Trace, "last_seq")
 
 
 def _at_seq(s: Trace, seq: int) -> Trace:
