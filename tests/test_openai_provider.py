@@ -64,7 +64,7 @@ from harness.providers._openai import (
 )
 from harness.providers._sse import SSEEvent, SSEFormatError, SSEParser
 from harness.runtime import open_store
-from harness.session import RelationalInvariants, freeze, thaw
+from harness.session import Event, RelationalInvariants, freeze, thaw
 from tests.fake_openai import (
     FakeOpenAI,
     Status,
@@ -629,9 +629,19 @@ async def test_cancelling_an_agent_turn_mid_stream_records_the_abort() -> None:
     script = [Stream([chunk(content="partial ")], done=False, end="endless", delay=0.005)]
     async with fake_openai(script) as server, provider(server) as p, open_store(validator_factory=RelationalInvariants) as store:
         agent = Agent(await store.create(), p)
+        streamed = trio.Event()
+
+        def on_event(_handle: Any, event: Event) -> None:
+            if event.type == "assistant/chunk" and "la1" in str(thaw(event.data)):
+                streamed.set()
+
+        store.on_event(on_event)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(agent.run_turn, "go")
-            await trio.sleep(0.1)
+            # Cancelled once the endless stream's first own delta is in the log (not
+            # after a wall-clock pause: a loaded machine may not have streamed it yet).
+            with trio.fail_after(30):  # only against a hang
+                await streamed.wait()
             agent.cancel("user")
         await gone(server)
         end = thaw(agent.session.events[-1].data)
