@@ -195,7 +195,9 @@ class RelationalInvariants:
             raise InvariantError(f"seq must strictly increase: saw {seq} after {s.last_seq}")
         t = event.type
         d: dict[str, Any]
-        if t in _READS_DATA or (t == "user/message" and isinstance(event.surface_op, ReplaceOp)):
+        # A user/message replacement may be a compaction checkpoint: its data is read.
+        checkpoint = t == "user/message" and isinstance(event.surface_op, ReplaceOp)
+        if checkpoint or t in _READS_DATA:
             raw = event.raw_data
             d = raw if type(raw) is dict else {}
         else:
@@ -215,7 +217,7 @@ class RelationalInvariants:
             return s
         if t == END_SEED:
             return _closed(s) if s.compaction_id is not None else s
-        if t == "user/message" and isinstance(event.surface_op, ReplaceOp):
+        if checkpoint:
             source = d.get("source")
             if type(source) is dict and source.get("kind") == "plugin" and source.get("plugin") == "compact":
                 _check_checkpoint(s, source)
