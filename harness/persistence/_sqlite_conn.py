@@ -251,7 +251,7 @@ class SqliteConnection:
         def exec_(sql: str, params: Sequence[Any] = ()) -> sqlite3.Cursor:
             return ex(db, sql, params)
 
-        self._in_txn(db, lambda: self._check_main(exec_))
+        self._in_txn(db, lambda: self._check_main(exec_), before_attach=True)
         self._select_journal_mode(db, "", where, deadline)
         ex(db, "PRAGMA synchronous=FULL")
         _expect(ex(db, "PRAGMA synchronous"), 2, f"{where} retained synchronous={{}}, expected FULL (2)")
@@ -336,8 +336,25 @@ class SqliteConnection:
         birth_ns = 0 if birth is None else int(birth * 1_000_000_000)
         self._identity = f"file:{st.st_dev}:{st.st_ino}:{birth_ns}:store:{store_id}"
 
-    def _in_txn(self, db: sqlite3.Connection, body: Any) -> None:
-        self._exec(db, "BEGIN IMMEDIATE")
+    def _in_txn(self, db: sqlite3.Connection, body: Any, *, before_attach: bool = False) -> None:
+        """``body`` in one ``BEGIN IMMEDIATE`` transaction, committed (rolled back on
+        any exception).
+
+        ``before_attach``: the lease file is not attached yet. SQLite compiles
+        ``BEGIN IMMEDIATE`` into one write-lock step per database attached *when the
+        statement is prepared*, and ``sqlite3`` keeps prepared statements in a cache
+        keyed by their text: a ``BEGIN IMMEDIATE`` prepared before the ``ATTACH`` would
+        be reused by every later transaction on the connection and lock the database
+        but not the lease file. A transaction that then wrote the lease file after
+        reading it could not wait for the lock (SQLite answers ``database is locked``
+        at once rather than risk a deadlock: seen with 8 processes on one file), and
+        the lease check would not be in the write's critical section. So this one is
+        run through ``executescript``, which prepares it afresh and caches nothing."""
+        if before_attach:
+            self._hook("BEGIN IMMEDIATE")
+            db.executescript("BEGIN IMMEDIATE")
+        else:
+            self._exec(db, "BEGIN IMMEDIATE")
         try:
             body()
             self._exec(db, "COMMIT")
