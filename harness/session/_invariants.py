@@ -9,7 +9,7 @@ boundary.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any, Final
+from typing import Any, ClassVar, Final
 
 import attrs
 
@@ -142,6 +142,15 @@ class RelationalInvariants:
     #: event of any other type keeps its data as its JSON from the append on.
     reads_data: Final = _READS_DATA
 
+    #: Whether this class's ``_core`` is the base class's. A subclass may add rules by
+    #: overriding it (``check`` calls it for every event): then every event is handed
+    #: to ``check`` by :meth:`check_batch`.
+    _base_core: ClassVar[bool] = True
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls._base_core = cls._core is RelationalInvariants._core
+
     def initial(self) -> Trace:
         return Trace()
 
@@ -162,9 +171,10 @@ class RelationalInvariants:
         the seq order concerns (most of a session's: messages, custom types) costs a
         type test and a seq comparison here, not a new :class:`Trace` each."""
         check = self.check
-        if getattr(check, "__func__", None) is not RelationalInvariants.check:
-            # A subclass's (or an instance's) own check: the pass below would skip it
-            # for the types no rule of this class concerns.
+        if getattr(check, "__func__", None) is not RelationalInvariants.check or not self._base_core:
+            # A subclass's (or an instance's) own check, or a subclass's own _core (which
+            # check calls for every event): the pass below would skip it for the types
+            # no rule of this class concerns.
             for event in events:
                 state = check(state, event)
             return state
