@@ -144,7 +144,7 @@ class RelationalInvariants:
 
     #: Whether this class's ``_core`` is the base class's. A subclass may add rules by
     #: overriding it (``check`` calls it for every event): then every event is handed
-    #: to ``check`` by :meth:`check_batch`.
+    #: to ``check`` by :meth:`check_batch`, and ``check`` hands it every event's data.
     _base_core: ClassVar[bool] = True
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
@@ -206,8 +206,9 @@ class RelationalInvariants:
         t = event.type
         d: dict[str, Any]
         # A user/message replacement may be a compaction checkpoint: its data is read.
+        # So is every event's for a subclass's own _core, which may read any type's.
         checkpoint = t == "user/message" and isinstance(event.surface_op, ReplaceOp)
-        if checkpoint or t in _READS_DATA:
+        if checkpoint or t in _READS_DATA or not self._base_core:
             raw = event.raw_data
             d = raw if type(raw) is dict else {}
         else:
