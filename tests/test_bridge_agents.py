@@ -19,6 +19,7 @@ import harness
 from harness.bridge import AgentsSession, RuntimeThread, TrioAgentsSession
 from harness.errors import SessionArgumentError
 from harness.faults import Probe, explore
+from tests.helpers import user
 
 agents = pytest.importorskip("agents")
 from agents import Agent, Runner, set_tracing_disabled  # noqa: E402
@@ -176,6 +177,32 @@ async def test_pop_and_clear_delete_nothing_and_a_fork_before_them_keeps_the_ite
         assert await TrioAgentsSession(rt, "log-fork").get_items() == [item("a"), item("b")]
         assert await session.get_items() == []
         await child.flush()
+
+
+@pytest.mark.parametrize("durable", [True, False])
+async def test_two_objects_on_one_session_never_pop_the_same_item(tmp_path: Path, durable: bool) -> None:
+    # As SQLiteSession's instances on one file: a pop is one step for every object on
+    # the session. With the actor busy (casts queued ahead), the second object's read
+    # came before the first one's removal was applied, and both returned item "b".
+    async with harness.open_runtime(tmp_path) as rt:
+        first = TrioAgentsSession(rt, "chat", durable=durable)
+        second = TrioAgentsSession(rt, "chat", durable=durable)
+        await first.add_items([item("a"), item("b")])
+        handle = await first.handle()
+        for i in range(3):
+            handle.append_nowait("user/message", user(f"queued {i}"), surface_op="append")
+        popped: list[Any] = []
+
+        async def pop(session: TrioAgentsSession) -> None:
+            popped.append(await session.pop_item())
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(pop, first)
+            nursery.start_soon(pop, second)
+        assert sorted(p["content"] for p in popped) == ["a", "b"]
+        assert await first.get_items() == [] and await second.get_items() == []
+        pops = [e.data["seq"] for e in handle.events if e.type == "openai-agents/pop"]
+        assert sorted(pops) == [0, 1]
 
 
 async def test_a_torn_tail_is_repaired_and_the_items_before_it_kept(tmp_path: Path) -> None:

@@ -11,7 +11,9 @@ know them (the reference's included) skips them instead of refusing the log.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import weakref
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, Final, final
 
 import trio
@@ -36,6 +38,33 @@ POP: Final = "openai-agents/pop"
 CLEAR: Final = "openai-agents/clear"
 
 
+# One lock per session of a store, shared by every TrioAgentsSession on it (and so by
+# every AgentsSession over them): ``pop_item`` reads the latest item and then logs its
+# removal, and another object's pop must not read between the two (both returned the
+# same item when the actor was busy, so that the second read came before the first
+# removal was applied). An entry lives while its lock is held or awaited.
+_LOCKS: weakref.WeakKeyDictionary[Any, dict[str, trio.Lock]] = weakref.WeakKeyDictionary()
+
+
+@asynccontextmanager
+async def _session_lock(store: Any, session_id: str) -> AsyncIterator[None]:
+    """Hold the lock of ``session_id`` in ``store``. Cancellation: while waiting for
+    it, as ``trio.Lock`` (nothing held)."""
+    locks = _LOCKS.get(store)
+    if locks is None:
+        locks = _LOCKS[store] = {}
+    lock = locks.get(session_id)
+    if lock is None:
+        lock = locks[session_id] = trio.Lock()
+    try:
+        async with lock:
+            yield
+    finally:
+        # Released to nobody (a release to a waiter leaves it locked): forget it.
+        if locks.get(session_id) is lock and not lock.locked() and not lock.statistics().tasks_waiting:
+            del locks[session_id]
+
+
 def _limit_of(limit: int | None, settings: SessionSettings | None) -> int | None:
     """``SQLiteSession``'s rule: an explicit limit, else the settings' (None: all)."""
     if limit is not None:
@@ -50,7 +79,9 @@ class TrioAgentsSession:
     opened on first use — the live one, else the stored one (crash-repaired as any
     load), else a new one with ``meta`` as its metadata (``cwd=...``).
 
-    Operations on one object are serialised. Mutations (``add_items``, ``pop_item``,
+    Operations on one session are serialised, across every object on it in the
+    runtime's store (a pop reads the latest item and logs its removal as one step for
+    the others). Mutations (``add_items``, ``pop_item``,
     ``clear_session``) are durable when they return (``durable=False``: left to the
     write-behind flush) and, like the SDK's own sessions, run to their outcome even
     when the caller is cancelled (shielded: the append is atomic, the flush bounded by
@@ -72,7 +103,6 @@ class TrioAgentsSession:
         self.session_settings = session_settings
         self.durable = durable
         self._meta = meta
-        self._lock = trio.Lock()
         self._handle: SessionHandle | None = None
         # The fold: the seqs of the items on the list, and how far the log was read. Seqs,
         # not the items: the log keeps each item (as its JSON, decision 0026), and an
@@ -122,7 +152,7 @@ class TrioAgentsSession:
         """The items, oldest first; ``limit`` (else ``session_settings.limit``) keeps the
         latest ``limit`` of them: ``None`` or a negative limit all, ``0`` none. Each
         call returns fresh plain dicts."""
-        async with self._lock:
+        async with _session_lock(self.rt.store, self.session_id):
             handle = await self.handle()
             items = self._fold(handle)
             n = _limit_of(limit, self.session_settings)
@@ -143,13 +173,13 @@ class TrioAgentsSession:
             push(log_only_draft(ITEM, {"item": item}, True))
         if not drafts:
             return
-        async with self._lock:
+        async with _session_lock(self.rt.store, self.session_id):
             await self._mutate(drafts)
 
     async def pop_item(self) -> TResponseInputItem | None:
         """Take the latest item off the list and return it (``None`` if empty): logs
         ``openai-agents/pop {seq}``, the item's own event stays in the log."""
-        async with self._lock:
+        async with _session_lock(self.rt.store, self.session_id):
             handle = await self.handle()
             items = self._fold(handle)
             if not items:
@@ -162,7 +192,7 @@ class TrioAgentsSession:
     async def clear_session(self) -> None:
         """Empty the list: logs ``openai-agents/clear`` (nothing if already empty);
         the log and its earlier items stay (a fork before the clear still has them)."""
-        async with self._lock:
+        async with _session_lock(self.rt.store, self.session_id):
             if self._fold(await self.handle()):
                 await self._mutate([EventDraft(CLEAR, {}, ignorable=True)])
 
