@@ -27,7 +27,7 @@ from harness._open import OpenGate, get_or_create, live_agent
 from harness.agent._compaction import AgentCompaction
 from harness.agent._loop import AgentHandle, AgentLoop, Setup, open_agent_loop
 from harness.agent._tools import ToolSet
-from harness.errors import HarnessError
+from harness.errors import HarnessError, SessionLogExistsError
 from harness.persistence import (
     Backend,
     JsonlBackend,
@@ -89,10 +89,18 @@ class Runtime:
         ``provider``/``tools``/``system``/``max_tokens`` override the runtime's defaults
         for this agent; other keywords are session metadata (``cwd=...``).
 
+        An id whose log is already stored is refused
+        (:class:`~harness.errors.SessionLogExistsError`, ``SESSION_LOG_EXISTS``): a
+        create starts a new log, so resume that one (:meth:`resume`, or :meth:`open`
+        to get or create) or choose another id. The store alone would take the id and
+        fail the new session's first write as an id collision, after its turn.
+
         Cancellation: :meth:`AgentLoop.create`'s. A cancellation of the caller
         propagates as ``Cancelled`` with nothing published (the steps done are
-        unwound); the owner or the runtime closing meanwhile raises
+        unwound; the stored-log probe runs on a worker thread and finishes first); the
+        owner or the runtime closing meanwhile raises
         :class:`~harness.agent.AgentSetupAbortedError` instead."""
+        await self._refuse_stored(session_id, "create")
         return await self.loop.create(
             session_id,
             owner=self.owner if owner is None else owner,
@@ -195,11 +203,38 @@ class Runtime:
         given: closing that owner detaches the child (``session/disposed``). A closed
         owner is refused (:class:`~harness.errors.SessionOwnerClosedError`).
 
+        A ``child_id`` whose log is already stored is refused
+        (:class:`~harness.errors.SessionLogExistsError`), as :meth:`create` refuses it.
+
         Cancellation: the store's (``Cancelled`` means no child was created; once the
-        store actor took the request, the child exists and belongs to the owner)."""
+        store actor took the request, the child exists and belongs to the owner).
+        The stored-log probe runs on a worker thread and finishes first."""
         if isinstance(source, AgentHandle):
             source = source.session
+        await self._refuse_stored(child_id, "fork into")
         return await self.store.fork(source, boundary, child_id, owner=self.owner if owner is None else owner)
+
+    async def _refuse_stored(self, session_id: str | None, what: str) -> None:
+        """Refuse a new session ``session_id`` whose log is already stored. An id that
+        is live here, or that storage cannot name, is left to the store, which refuses
+        it in its own words (``SESSION_ALREADY_EXISTS``, ``INVALID_SESSION_ID``). A
+        log that appears after the probe (another process's first write) is still the
+        id collision of the new session's first write."""
+        persistence = self.persistence
+        if persistence is None or type(session_id) is not str or self.store.get_nowait(session_id) is not None:
+            return
+        try:
+            # A detached incarnation may still be writing its first batch: the probe
+            # must see it.
+            await persistence.wait_retired(session_id)
+        except HarnessError:
+            return  # not a storable id: the store's refusal
+        if await trio.to_thread.run_sync(persistence.backend.revision, session_id) is not None:
+            raise SessionLogExistsError(
+                f'{what} "{session_id}": a log of that id is already stored; resume it '
+                "(rt.resume, or rt.open to get or create) or choose another id",
+                session_id=session_id,
+            )
 
     def get(self, agent_id: str) -> AgentHandle | None:
         """The live agent ``agent_id``, or ``None``."""

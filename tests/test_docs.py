@@ -117,6 +117,26 @@ def test_block_runs(run: list[Block], tmp_path: Path, monkeypatch: pytest.Monkey
         _exec(block, namespace)
 
 
+FIRST_PAGES = ("README.md", "docs/getting-started.md")
+
+
+@pytest.mark.parametrize(
+    "run", [r for r in _runs() if r.values[0][0].page in FIRST_PAGES and not r.marks]  # type: ignore[index]
+)
+def test_a_first_pages_block_runs_again_in_the_same_directory(
+    run: list[Block], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What a new user does next: run the example again. Its relative store root is
+    still there (the README's program once failed its second run: ``rt.create`` of
+    the id it had stored the first time)."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("DEEPSEEK_API_KEY", raising=False)
+    for _ in range(2):
+        namespace: dict[str, Any] = {"__name__": "__main__"}
+        for block in run:
+            _exec(block, namespace)
+
+
 TEST_PAGES = sorted({b.page for b in ALL if b.marker != "not-run" and b.is_test_file})
 
 

@@ -12,10 +12,13 @@ from harness.agent import AgentHandle, Say, ScriptedProvider
 from harness.errors import (
     PersistedSessionNotFoundError,
     PersistenceError,
+    SessionAlreadyExistsError,
     SessionIdError,
+    SessionLogExistsError,
     SessionNotFoundError,
 )
 from harness.faults import Probe, explore
+from tests.helpers import user
 
 
 def says(n: int) -> ScriptedProvider:
@@ -133,3 +136,88 @@ def test_concurrent_opens_under_cancellation_at_every_step() -> None:
     report = explore(scenario, name="runtime-open", seeds=2, stride=2)
     assert report.ok, [(v.key, v.message, n) for v, n in report.distinct()]
     assert report.steps["first"] >= 10, report.steps
+
+
+async def test_create_refuses_an_id_whose_log_is_stored_and_publishes_nothing(tmp_path: Path) -> None:
+    # A new user's first trap: the README's program run twice. The store alone took the
+    # id, the turn failed at its first write (an id collision) and the close lost it.
+    async with harness.open_runtime(tmp_path, provider=says(1)) as rt:
+        await (await rt.create("a")).run_turn("hi")
+    stored = (tmp_path / "_no-cwd" / "a" / "session.jsonl").read_bytes()
+    async with harness.open_runtime(tmp_path, provider=says(1)) as rt:
+        with pytest.raises(SessionLogExistsError) as caught:
+            await rt.create("a")
+        assert (caught.value.code, caught.value.session_id) == ("SESSION_LOG_EXISTS", "a")
+        assert "rt.resume" in str(caught.value) and '"a"' in str(caught.value)
+        assert rt.get("a") is None and rt.session_ids() == ()
+        resumed = await rt.open("a")  # what the message says to do
+        assert (await resumed.run_turn("again")).turn == 2
+    assert (tmp_path / "_no-cwd" / "a" / "session.jsonl").read_bytes().startswith(stored)
+
+
+async def test_create_of_a_live_id_is_still_the_stores_refusal(tmp_path: Path) -> None:
+    async with harness.open_runtime(tmp_path, provider=says(1)) as rt:
+        await rt.create("a")
+        with pytest.raises(SessionAlreadyExistsError):
+            await rt.create("a")
+
+
+async def test_create_sees_the_log_a_detached_incarnation_is_still_writing(tmp_path: Path) -> None:
+    async with harness.open_runtime(tmp_path, provider=says(1), write_delay=3600.0) as rt:
+        handle = await rt.store.create("a")
+        await handle.append("user/message", user("not flushed"), surface_op="append")
+        await rt.store.detach(handle)  # its writer retires in the background: the log may not exist yet
+        with pytest.raises(SessionLogExistsError):
+            await rt.create("a")
+
+
+async def test_fork_refuses_a_child_id_whose_log_is_stored(tmp_path: Path) -> None:
+    async with harness.open_runtime(tmp_path, provider=says(2)) as rt:
+        await (await rt.create("taken")).run_turn("hi")
+    async with harness.open_runtime(tmp_path, provider=says(2)) as rt:
+        parent = await rt.create("parent")
+        await parent.run_turn("hi")
+        with pytest.raises(SessionLogExistsError) as caught:
+            await rt.fork(parent, None, "taken")
+        assert caught.value.session_id == "taken" and rt.session("taken") is None
+        child = await rt.fork(parent, None, "free")
+        assert child.id == "free"
+
+
+async def test_create_in_memory_and_a_bad_id_are_unchanged() -> None:
+    async with harness.open_runtime(provider=says(1)) as rt:
+        await rt.create("a")
+        with pytest.raises(SessionIdError):
+            await rt.create("")
+
+
+@pytest.mark.slow
+def test_create_of_a_stored_id_under_cancellation_at_every_step() -> None:
+    """A create of a stored id, cancelled at any step: it raises Cancelled or the
+    refusal, publishes nothing, and the stored log is unchanged."""
+
+    async def scenario(probe: Probe) -> None:
+        root = probe.tmp_path
+        async with harness.open_runtime(root, provider=says(1)) as rt:
+            await (await rt.create("s")).run_turn("seed")
+        log = root / "_no-cwd" / "s" / "session.jsonl"
+        before = log.read_bytes()
+        async with harness.open_runtime(root, provider=says(1)) as rt:
+            scope = trio.CancelScope()
+            probe.canceller("caller", scope.cancel)
+            outcome: list[str] = []
+            probe.arm()
+            with scope:
+                try:
+                    await rt.create("s")
+                    outcome.append("created")
+                except SessionLogExistsError:
+                    outcome.append("refused")
+            probe.disarm()
+            probe.check(outcome != ["created"], "a stored id was created")
+            probe.check(rt.get("s") is None and rt.session_ids() == (), f"published: {rt.session_ids()}")
+        probe.check(log.read_bytes() == before, "the stored log changed")
+
+    report = explore(scenario, name="runtime-create-stored", seeds=1, stride=1)
+    assert report.ok, [(v.key, v.message, n) for v, n in report.distinct()]
+    assert report.steps["caller"] >= 2, report.steps
