@@ -69,6 +69,29 @@ def test_demo_tells_the_whole_story(tmp_path: Path) -> None:
     assert len(list(tmp_path.rglob("session.jsonl"))) == 5
 
 
+def test_demo_refuses_a_root_that_holds_sessions_or_is_not_a_directory(tmp_path: Path) -> None:
+    """A second demo on the same --root collided with its own sessions (a traceback of
+    FlushError, exit 1), and a regular file as --root ended in a traceback too: each is
+    now one typed line on stderr and the documented status, before anything is written."""
+    root = tmp_path / "d"
+    assert run("demo", "--root", str(root)).returncode == 0
+    before = sorted(p.read_bytes() for p in root.rglob("session.jsonl"))
+    again = run("demo", "--root", str(root))
+    err = again.stderr.decode()
+    assert again.returncode == 6, err
+    assert err.count("\n") == 1 and err.startswith("harness demo: error: ") and err.rstrip().endswith("[SESSION_ALREADY_EXISTS]"), err
+    assert again.stdout == b""
+    assert sorted(p.read_bytes() for p in root.rglob("session.jsonl")) == before
+    plain = tmp_path / "file"
+    plain.write_bytes(b"x")
+    for target in (plain, plain / "below"):
+        done = run("demo", "--root", str(target))
+        err = done.stderr.decode()
+        assert done.returncode == 2, err
+        assert err.count("\n") == 1 and "is not a directory" in err and err.rstrip().endswith("[NOT_A_DIRECTORY]"), err
+    assert plain.read_bytes() == b"x"
+
+
 def test_bench_json_has_every_requested_variant() -> None:
     done = run("bench", "W1", "W2", "W3", "W4", "W5", "W6", "W7", "W12", "--n", "2000", "--runs", "1", "--json")
     assert done.returncode == 0, done.stderr.decode()
