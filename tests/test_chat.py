@@ -267,6 +267,32 @@ async def test_resume_and_fork(tmp_path: Path, workdir: Path) -> None:
     assert code == 1 and "OPEN_TURN" in out
 
 
+async def test_fork_past_the_stored_log_is_refused_as_by_sessions_fork(tmp_path: Path) -> None:
+    """--fork ID@SEQ accepted the seq one past the stored log (the end-seed a load adds
+    but never writes), storing a child `harness sessions verify` failed with
+    LINEAGE_MISMATCH; its message said "(last seq: N+1)". Now the bound and message are
+    `harness sessions fork`'s."""
+    from harness.cli.sessions import run as sessions
+
+    root = tmp_path / "store"
+    code, out = await run_chat(tmp_path, "hi\n", "--provider", "scripted", "--root", str(root), "--new-id", "c1")
+    assert code == 0, out
+    end = re.search(r"\(turn 1 completed · seq (\d+)", out)
+    assert end is not None, out
+    last = int(end[1])
+    tail = stored(root)["c1"][-1]
+    assert (tail["type"], tail["seq"]) == ("turn/end", last)  # the last stored record
+    before = everything_under(root)
+    code, out = await run_chat(tmp_path, "", "--root", str(root), "--provider", "scripted", "--fork", f"c1@{last + 1}")
+    assert code == 1, out
+    assert f'INVALID_BOUNDARY: fork boundary {last + 1} does not exist in session "c1" (last stored seq: {last})' in out, out
+    assert everything_under(root) == before and set(stored(root)) == {"c1"}  # no child
+    assert await trio.to_thread.run_sync(sessions, ["sessions", "--root", str(root), "verify"]) == 0
+    code, out = await run_chat(tmp_path, "", "--root", str(root), "--provider", "scripted", "--fork", f"c1@{last}", "--new-id", "c2")
+    assert code == 0 and "session c2 (forked from c1" in out, out
+    assert await trio.to_thread.run_sync(sessions, ["sessions", "--root", str(root), "verify"]) == 0
+
+
 async def test_ctrl_c_cancels_the_turn_and_a_second_one_exits(tmp_path: Path, workdir: Path) -> None:
     # The server streams forever and ignores the client going away.
     script = [Stream([chunk(content="counting: ")], done=False, end="endless", delay=0.02)]

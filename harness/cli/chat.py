@@ -849,7 +849,11 @@ async def _fork(store: Store, persistence: Any, sid: str, seq: int, child: str) 
     """Store a new session ``child``: the stored session ``sid`` cut after event
     ``seq``. The source is read without its lock (it may be open elsewhere) and entered
     in the store without being announced, so nothing of it is written; the child is
-    announced (persistence writes it), flushed and detached."""
+    announced (persistence writes it), flushed and detached. ``seq`` must be in the
+    *stored* log, as for ``harness sessions fork``: the end-seed a load adds is not."""
+    from harness.cli.sessions._write import stored_fork_boundary
+
+    await stored_fork_boundary(persistence, sid, seq)
     source = await store.enter(await store.adopt(await persistence.read_session(sid)))
     try:
         branch = await store.fork(source, seq, child)

@@ -19,7 +19,7 @@ from harness.cli.sessions._common import (
 from harness.cli.sessions._view import _check_id, load_view
 
 if TYPE_CHECKING:
-    pass
+    from harness.persistence import Persistence
 
 
 
@@ -36,11 +36,31 @@ def _parse_fork_spec(spec: str) -> tuple[str, int | None]:
     return _check_id(sid), boundary
 
 
+async def stored_fork_boundary(p: Persistence, sid: str, boundary: int | None) -> int:
+    """``boundary`` checked against the *stored* log of ``sid`` (``None``: its last stored
+    seq). A load also holds in-memory closers and a ``session/end-seed`` that are never
+    written: a prefix must end in what is stored (``harness sessions fork`` and
+    ``harness chat --fork`` share this bound and its message)."""
+    from harness.errors import InvalidBoundaryError
+
+    stored = len(await p.read_from(sid, 0))
+    if boundary is None:
+        if stored == 0:
+            raise InvalidBoundaryError(f'session "{sid}" has no stored events to fork', session_id=sid)
+        return stored - 1
+    if boundary >= stored:
+        raise InvalidBoundaryError(
+            f'fork boundary {boundary} does not exist in session "{sid}" (last stored seq: '
+            f"{stored - 1 if stored else 'none'})",
+            session_id=sid,
+        )
+    return boundary
+
+
 async def cmd_fork(ctx: Ctx) -> int:
     from harness.errors import (
         ForkChildExistsError,
         HarnessError,
-        InvalidBoundaryError,
         PersistedSessionNotFoundError,
     )
 
@@ -54,19 +74,7 @@ async def cmd_fork(ctx: Ctx) -> int:
     store = ctx.store
     try:
         async with ctx.progress.step(f"forking {sid}"):
-            stored = len(await p.read_from(sid, 0))
-            if boundary is None:
-                if stored == 0:
-                    raise InvalidBoundaryError(f'session "{sid}" has no stored events to fork', session_id=sid)
-                boundary = stored - 1
-            if boundary >= stored:
-                # The loaded session also holds in-memory closers and an end-seed: a
-                # prefix must end in what is stored.
-                raise InvalidBoundaryError(
-                    f'fork boundary {boundary} does not exist in session "{sid}" (last stored seq: '
-                    f"{stored - 1 if stored else 'none'})",
-                    session_id=sid,
-                )
+            boundary = await stored_fork_boundary(p, sid, boundary)
             if child_id is not None:
                 try:
                     await p.read_from(child_id, 0)
