@@ -293,6 +293,39 @@ async def test_fork_past_the_stored_log_is_refused_as_by_sessions_fork(tmp_path:
     assert await trio.to_thread.run_sync(sessions, ["sessions", "--root", str(root), "verify"]) == 0
 
 
+async def test_new_id_of_a_stored_session_and_a_file_as_root_are_refused_at_start(tmp_path: Path) -> None:
+    """--new-id naming a stored session printed "(new)", failed the turn with FLUSH_FAILED
+    (an id collision), claimed "saved" and ended with PERSISTENCE_CLOSE_FAILED (with no
+    input: exit 0 and "saved"); a regular file as --root was taken too. Both are now
+    refused before anything is created, in one line."""
+    root = tmp_path / "store"
+    code, out = await run_chat(tmp_path, "hi\n", "--provider", "scripted", "--root", str(root), "--new-id", "c1")
+    assert code == 0, out
+    before = everything_under(root)
+    hint = f"continue it with --resume: harness chat --resume c1 --root {root} --provider scripted"
+    for stdin in ("hi\n", ""):
+        code, out = await run_chat(tmp_path, stdin, "--provider", "scripted", "--root", str(root), "--new-id", "c1")
+        assert code == 1, out
+        assert out.splitlines() == [f'harness chat: cannot open the session: SESSION_ALREADY_EXISTS: session "c1" already exists; {hint}'], out
+        assert everything_under(root) == before
+    # The --fork child too.
+    code, out = await run_chat(tmp_path, "", "--provider", "scripted", "--root", str(root), "--fork", "c1@3", "--new-id", "c1")
+    assert code == 1 and "SESSION_ALREADY_EXISTS" in out and "(new)" not in out, out
+    assert everything_under(root) == before
+    plain = tmp_path / "file"
+    plain.write_bytes(b"not a store")
+    for where, extra in ((plain, ()), (plain / "below", ()), (plain, ("--list",))):
+        with trio.fail_after(30):
+            done = await trio.run_process(
+                command("--provider", "scripted", "--root", str(where), *extra),
+                env=chat_env(tmp_path), capture_stdout=True, capture_stderr=True, stdin=b"", check=False,
+            )
+        err = done.stderr.decode()
+        assert done.returncode == 2, done.stdout.decode() + err
+        assert done.stdout == b"" and err == f'harness chat: NOT_A_STORE: "{plain}" is not a directory: --root names a JSONL store directory\n'
+    assert plain.read_bytes() == b"not a store"
+
+
 async def test_ctrl_c_cancels_the_turn_and_a_second_one_exits(tmp_path: Path, workdir: Path) -> None:
     # The server streams forever and ignores the client going away.
     script = [Stream([chunk(content="counting: ")], done=False, end="endless", delay=0.02)]

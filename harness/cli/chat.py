@@ -48,7 +48,7 @@ def command() -> Any:
     from harness.cli._output import CONTEXT
 
     @click.command("chat", context_settings=CONTEXT)
-    @click.option("--root", metavar="DIR", default=None, help=f"session store directory (default: {default_root()})")
+    @click.option("--root", metavar="DIR", default=None, help=f"session store directory (a JSONL root; default: {default_root()})")
     @click.option("--provider", type=click.Choice(PROVIDERS), default="deepseek", show_default=True, help="model provider")
     @click.option("--model", default=None, help="model name (default: deepseek-chat)")
     @click.option("--base-url", default=None, metavar="URL", help="OpenAI-compatible endpoint (default: https://api.deepseek.com)")
@@ -57,7 +57,7 @@ def command() -> Any:
     @click.option("--system", default=None, help="system prompt (default: a short one naming the tools)")
     @click.option("--max-tokens", type=int, default=None, metavar="N", help="maximum output tokens per reply")
     @click.option("--hide-reasoning", is_flag=True, help="do not print the model's reasoning")
-    @click.option("--new-id", "new_id", metavar="ID", default=None, help="id of the session this creates (new, or the --fork child; default: generated)")
+    @click.option("--new-id", "new_id", metavar="ID", default=None, help="id of the session this creates (new, or the --fork child; not a stored one: --resume continues that; default: generated)")
     @click.option("--session", "session_alias", metavar="ID", default=None, hidden=True)
     @click.option("--resume", metavar="ID", default=None, help="continue a stored session")
     @click.option("--fork", metavar="ID@SEQ", default=None, help="continue a copy of a session cut after event SEQ")
@@ -124,10 +124,19 @@ def run(args: argparse.Namespace, *, stdout: TextIO | None = None, stdin_fd: int
                 file=err,
             )
             return 2
+    root = Path(args.root).expanduser() if args.root else default_root()
+    from harness.cli._output import blocking_file
+
+    blocked = blocking_file(root)
+    if blocked is not None:
+        # As `harness sessions` refuses a file that is not a store: the chat's is a
+        # JSONL directory (it would otherwise write nothing, or fail at the first flush).
+        print(f'harness chat: NOT_A_STORE: "{blocked}" is not a directory: --root names a JSONL store directory', file=err)
+        return 2
     import trio
 
     options = _Options(
-        root=Path(args.root).expanduser() if args.root else default_root(),
+        root=root,
         provider=provider,
         workdir=workdir,
         system=args.system,
@@ -753,6 +762,8 @@ async def _session(options: _Options, display: _Display, chat: _Chat) -> int:
                 install_chat_commands(loop.commands, store, options)
                 with chat.scope:
                     try:
+                        if options.session is not None and not options.resume:
+                            await _refuse_stored(persistence, options.session, options.again)
                         if options.resume:
                             handle = await loop.resume(options.resume, owner=owner)
                             how = "resumed"
@@ -863,6 +874,25 @@ async def _fork(store: Store, persistence: Any, sid: str, seq: int, child: str) 
             await store.detach(branch)
     finally:
         await store.detach(source)
+
+
+async def _refuse_stored(persistence: Any, sid: str, again: tuple[str, ...]) -> None:
+    """``--new-id ID`` (a new session, or the ``--fork`` child) names an id that is not
+    stored yet: a stored one is refused here, before anything is created (it failed at
+    the first flush, as an id collision)."""
+    from harness.errors import PersistedSessionNotFoundError, SessionAlreadyExistsError
+
+    try:
+        await persistence.read_from(sid, 0)
+    except PersistedSessionNotFoundError:
+        return
+    except HarnessError as exc:  # stored, but its log does not read
+        raise SessionAlreadyExistsError(
+            f'session "{sid}" already exists ({exc.code}); pick another --new-id', session_id=sid
+        ) from exc
+    raise SessionAlreadyExistsError(
+        f'session "{sid}" already exists; continue it with --resume: {continue_command(sid, again)}', session_id=sid
+    )
 
 
 async def _list(persistence: Any, display: _Display) -> None:
