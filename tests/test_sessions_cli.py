@@ -330,6 +330,22 @@ def test_inspect_and_export(store: tuple[str, Path], tmp_path: Path) -> None:
     assert tree_digest(root) == before
 
 
+def test_export_to_a_directory_is_refused_with_or_without_force(store: tuple[str, Path], tmp_path: Path) -> None:
+    """-o DIR said "exists (pass --force to overwrite it)", and with --force failed with
+    STORAGE_IO "Is a directory": a directory is not a file, --force or not."""
+    _, root = store
+    target = tmp_path / "out"
+    target.mkdir()
+    for force in ((), ("--force",)):
+        r = cli(root, "export", "done", "-o", str(target), *force)
+        assert r.code == EXIT_USAGE, r.err
+        assert r.err == f'harness sessions export: error: "{target}" is a directory, not a file: -o names the file to write [NOT_A_FILE]\n'
+        assert "--force" not in r.err
+        r = cli(root, "export", "done", "-o", str(target), "--json", *force)
+        assert r.json["error"] == {"code": "NOT_A_FILE", "message": f'"{target}" is a directory, not a file: -o names the file to write', "exit": EXIT_USAGE}
+    assert list(target.iterdir()) == []
+
+
 # -- verify / repair -------------------------------------------------------------------------
 
 

@@ -13,7 +13,8 @@ Exit codes (also in docs/cli.md):
 * 0 success
 * 1 ``verify``: at least one log failed verification (with ``--strict``, a warning
   fails too)
-* 2 usage: bad arguments, an empty id, a malformed ``ID@SEQ``, a root of the wrong kind
+* 2 usage: bad arguments, an empty id, a malformed ``ID@SEQ``, a root of the wrong kind,
+  an export ``-o`` that is a directory
 * 3 not found: the store root, or the session id
 * 4 locked: another live writer holds the session (``repair``, ``rm``)
 * 5 corrupt or unsupported: a log that does not read (``SESSION_CORRUPT``,
@@ -197,7 +198,7 @@ def command(runner: Callable[[argparse.Namespace], int] | None = None) -> Any:
     @click.argument("id")
     @click.option("--format", type=click.Choice(("jsonl", "json")), default="jsonl", help="jsonl: header line + one record per line")
     @click.option("-o", "--output", metavar="FILE", default=None, help="write to FILE instead of stdout")
-    @click.option("--force", is_flag=True, help="overwrite an existing FILE")
+    @click.option("--force", is_flag=True, help="overwrite an existing FILE (never a directory)")
     @click.option("--closers", is_flag=True, help="include the closers a load would append")
     def _export() -> None: ...
 

@@ -130,6 +130,10 @@ async def cmd_export(ctx: Ctx) -> int:
 
     args = ctx.args
     sid = _check_id(args.id)
+    target = None if args.output is None else Path(args.output)
+    if target is not None and target.is_dir():
+        # Not "exists (pass --force ...)": --force overwrites a file, never a directory.
+        raise _not_a_file(target)
     view = await load_view(ctx, sid)
     meta = view.meta
     records = view.records if args.closers else view.records[: view.stored]
@@ -138,11 +142,10 @@ async def cmd_export(ctx: Ctx) -> int:
         payload = dumps({"meta": meta, "events": records}, option=orjson.OPT_INDENT_2) + b"\n"
     else:
         payload = b"".join(dumps(r) + b"\n" for r in [meta, *records])
-    if args.output is None:
+    if target is None:
         ctx.out.stdout.write(payload.decode())
         ctx.out.stdout.flush()
         return EXIT_OK
-    target = Path(args.output)
 
     def write() -> None:
         with open(target, "wb" if args.force else "xb") as f:
@@ -152,7 +155,11 @@ async def cmd_export(ctx: Ctx) -> int:
 
     try:
         await trio.to_thread.run_sync(write)
+    except IsADirectoryError:
+        raise _not_a_file(target) from None
     except FileExistsError:
+        if target.is_dir():  # made meanwhile
+            raise _not_a_file(target) from None
         raise CliError(f'"{target}" exists (pass --force to overwrite it)', code="FILE_EXISTS", exit_code=EXIT_REFUSED) from None
     except OSError as exc:
         raise CliError(f'writing "{target}" failed: {exc.strerror or exc}', code="STORAGE_IO", exit_code=EXIT_STORAGE) from exc
@@ -161,6 +168,10 @@ async def cmd_export(ctx: Ctx) -> int:
     else:
         ctx.out.line(f"exported {sid}: {len(records)} events to {target} ({len(payload)} bytes, {args.format})")
     return EXIT_OK
+
+
+def _not_a_file(target: Path) -> CliError:
+    return CliError(f'"{target}" is a directory, not a file: -o names the file to write', code="NOT_A_FILE", exit_code=EXIT_USAGE)
 
 
 async def cmd_rm(ctx: Ctx) -> int:
