@@ -720,6 +720,23 @@ def test_every_command_defaults_to_the_one_store_root(tmp_path: Path, monkeypatc
     assert "elsewhere" in out.getvalue()  # --help prints the root in force
 
 
+def test_the_group_help_is_dedented_before_the_store_root_is_appended(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The group's indented docstring was joined to the appended root line undedented,
+    so Click wrapped it as "stored sessions of a store         root"."""
+    monkeypatch.setenv("HARNESS_SESSIONS_ROOT", "/srv/sessions")  # not wrapped: no hyphen
+    out = io.StringIO()
+    with redirect_stdout(out):
+        assert run(["sessions", "--help"]) == EXIT_OK
+    text = out.getvalue()
+    description = text[text.index("\n\n") : text.index("Options:")]
+    lines = [line for line in description.splitlines() if line.strip()]
+    assert lines and all(line.startswith("  ") and "  " not in line.strip() for line in lines), description
+    assert " ".join(line.strip() for line in lines) == (
+        "List, show, verify, repair, fork, export and remove stored sessions of a store root: a JSONL directory, "
+        "a SQLite file or a PostgreSQL URL. Store root without --root: /srv/sessions."
+    )
+
+
 def test_a_subcommand_bad_flag_prints_that_subcommand_usage(store: tuple[str, Path]) -> None:
     _, root = store
     r = cli(root, "show", "done", "--bogus")

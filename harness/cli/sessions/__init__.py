@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import inspect
 import os
 import sys
 from collections.abc import Awaitable, Callable, Sequence
@@ -146,7 +147,9 @@ def command(runner: Callable[[argparse.Namespace], int] | None = None) -> Any:
         """List, show, verify, repair, fork, export and remove stored sessions of a store
         root: a JSONL directory, a SQLite file or a PostgreSQL URL."""
 
-    sessions.help = (sessions.help or "") + f"\n\nStore root without --root: {default_root()}."
+    # Dedented first: the appended line has no indent, so Click's own cleandoc would
+    # keep the docstring's (and wrap "store         root").
+    sessions.help = inspect.cleandoc(sessions.help or "") + f"\n\nStore root without --root: {default_root()}."
 
     def sub(name: str, summary: str) -> Callable[[Callable[..., Any]], Any]:
         def wrap(f: Callable[..., Any]) -> Any:
