@@ -616,6 +616,43 @@ def test_rm(store: tuple[str, Path]) -> None:
     assert r.code == EXIT_NOT_FOUND and r.err.startswith("harness sessions rm: error: ")
 
 
+@pytest.mark.parametrize("kind", BACKENDS)
+def test_rm_deletes_a_log_whose_events_do_not_read(kind: str, tmp_path: Path) -> None:
+    """docs/cli.md said rm of a log that does not read is refused (exit 5), but a corrupt
+    body (SESSION_CORRUPT, as verify reports it) is deleted: Persistence.delete takes
+    the writer lock with the listing's header (on purpose: rm is how such a log goes).
+    It still asks first; a header that does not read is what rm refuses (exit 5)."""
+    root = make_store(kind, tmp_path)
+    if kind == "jsonl":
+        path = transcript(root, "done")
+        lines = path.read_bytes().splitlines(keepends=True)
+        lines[3] = b"this is not json\n"  # a record of turn 1, before its turn/end
+        path.write_bytes(b"".join(lines))
+    else:
+        db = sqlite3.connect(root)
+        with db:
+            db.execute("UPDATE events SET data = '{bad' WHERE session_id = 'done' AND seq = 3")
+        db.close()
+    r = cli(root, "verify", "done", "--json")
+    assert r.code == EXIT_VERIFY_FAILED and r.json["sessions"][0]["problems"][0]["code"] == "SESSION_CORRUPT"
+    r = cli(root, "rm", "done")
+    assert r.code == EXIT_USAGE and "[CONFIRMATION_REQUIRED]" in r.err  # asked first, as for any log
+    r = cli(root, "rm", "done", "--yes", "--json")
+    assert r.code == EXIT_OK, r.err
+    assert r.json["deleted"] == "done" and r.json["children"] == ["child"]
+    assert {s["id"] for s in cli(root, "list", "--json").json["sessions"]} == {"child", "crashed"}
+    assert cli(root, "verify", "done").code == EXIT_NOT_FOUND
+    if kind == "jsonl":
+        assert not path.exists()
+        # A transcript whose header does not read is not listed, and rm refuses it.
+        crashed = transcript(root, "crashed")
+        data = crashed.read_bytes().replace(b'"version":0', b'"version":3', 1)
+        crashed.write_bytes(data)
+        r = cli(root, "rm", "crashed", "--yes")
+        assert r.code == EXIT_CORRUPT and r.err.count("\n") == 1 and "[SESSION_FORMAT_UNSUPPORTED]" in r.err, r.err
+        assert crashed.read_bytes() == data
+
+
 # -- the store root and usage ----------------------------------------------------------------
 
 
