@@ -417,7 +417,11 @@ class PersistenceCloseError(PersistenceError):
 
 class RuntimeThreadError(HarnessError):
     """A :class:`~harness.bridge.RuntimeThread` call was refused: made from the
-    runtime's own Trio thread (it would wait for itself), or before the thread started."""
+    runtime's own Trio thread (it would wait for itself), or before the thread started.
+    Also raised by an agent's entry points (``AgentHandle.run_turn``/``dispose``,
+    ``Agent.send``, ``cancel``, ...) called off the runtime's Trio thread, e.g. awaited
+    directly on the asyncio side instead of through ``portal.arun(...)``: refused
+    before anything changed (``session_id`` names the agent)."""
 
     code = "RUNTIME_THREAD"
 

@@ -135,6 +135,47 @@ def test_a_cancelled_turn_is_logged_aborted(tmp_path: Path) -> None:
     run_asyncio(main)
 
 
+def test_an_agent_called_on_the_asyncio_side_is_refused_and_left_as_it_was(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An AgentHandle (or its Agent) used directly on the asyncio side, not through the
+    portal: every entry point raises RuntimeThreadError before it changes anything (a
+    run_turn used to leave the agent "running" for good: the portal's turn refused
+    AGENT_BUSY, the close waiting out shutdown_grace)."""
+    async def main() -> None:
+        async with harness.open_runtime_in_thread(tmp_path, provider=says(1)) as portal:
+            agent: AgentHandle = await portal.arun(portal.runtime.open, "q")
+            direct: list[Callable[[], object]] = [
+                lambda: agent.run_turn("direct"),
+                agent.dispose,
+                lambda: agent.agent.send("direct"),
+                agent.agent.run_queued,
+                lambda: agent.agent.run_maintenance(trio.lowlevel.checkpoint),
+                agent.agent.clear_inbox,
+                agent.agent.wait_idle,
+            ]
+            for call in direct:
+                with pytest.raises(RuntimeThreadError, match=r'agent "q": .* call it through the portal') as caught:
+                    await call()  # type: ignore[misc]
+                assert (caught.value.code, caught.value.session_id) == ("RUNTIME_THREAD", "q")
+            for sync in (lambda: agent.agent.inject_nowait("direct"), agent.agent.cancel):
+                with pytest.raises(RuntimeThreadError, match="arun_sync"):
+                    sync()
+            state = (agent.status, agent.agent.phase, agent.agent.busy, agent.agent.disposed, agent.disposed)
+            assert state == ("idle", "idle", False, False, False)
+            result = await portal.arun(agent.run_turn, "through the portal")
+            assert (result.kind, result.turn) == ("completed", 1)
+            texts = await portal.arun_sync(
+                lambda: [e.data["content"][0]["text"] for e in agent.snapshot().events if e.type == "user/message"]
+            )
+            assert texts == ["through the portal"]  # nothing of the direct calls was logged
+        assert portal.state == "closed" and agent.disposed
+
+    with caplog.at_level("WARNING"):
+        run_asyncio(main)
+    assert not [r for r in caplog.records if "did not finish" in r.getMessage()]  # no grace waited out
+
+
 def test_shutdown_while_a_call_is_in_flight_cancels_it_and_closes_cleanly(tmp_path: Path) -> None:
     unwound = threading.Event()
     started = threading.Event()

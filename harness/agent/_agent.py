@@ -43,6 +43,8 @@ from harness.agent._types import (
     Phase,
     TurnResult,
     check_max_tokens,
+    require_trio_task,
+    require_trio_thread,
 )
 from harness.errors import HarnessError
 from harness.persistence import CheckpointPolicy
@@ -156,7 +158,12 @@ class Agent:
     def cancel(self, kind: AbortKind = "user") -> None:
         """Abort the running turn or maintenance task (no-op when idle). The first
         cause wins. Queued inbox work is parked (kept, not started) until the next
-        waking :meth:`send`; :meth:`clear_inbox` drops it."""
+        waking :meth:`send`; :meth:`clear_inbox` drops it.
+
+        Call it on the runtime's Trio thread: from elsewhere (an asyncio task, another
+        thread) it raises :class:`~harness.errors.RuntimeThreadError` and cancels
+        nothing (``portal.run_sync(agent.cancel)`` does it)."""
+        require_trio_thread(self.id, "Agent.cancel")
         if self._scope is None:
             if self._driver is not None:
                 self._parked = True  # the driver is scheduled: it starts no turn
@@ -192,6 +199,7 @@ class Agent:
 
         Cancellation: only the wait is cancelled; the turn goes on.
         """
+        require_trio_task(self.id, "Agent.wait_idle")
         while True:
             await self._idle.wait()
             driver = self._driver
@@ -220,6 +228,7 @@ class Agent:
         Cancellation: cancelled before the record was appended (also while waiting
         for maintenance to end), nothing is queued.
         """
+        require_trio_task(self.id, "Agent.send")
         if self.disposed:
             raise AgentDisposedError(f'agent "{self.id}" is disposed', session_id=self.id)
         if delivery not in ("follow-up", "steer", "inject"):
@@ -258,8 +267,10 @@ class Agent:
 
         Raises :class:`AgentDisposedError`, ``SessionNotLiveError`` (stale session), and
         :class:`AgentBusyError` when a record is in flight and the agent has no nursery
-        to defer to (then nothing is queued).
+        to defer to (then nothing is queued); :class:`~harness.errors.RuntimeThreadError`
+        off the runtime's Trio thread (nothing is queued).
         """
+        require_trio_thread(self.id, "Agent.inject_nowait")
         if self.disposed:
             raise AgentDisposedError(f'agent "{self.id}" is disposed', session_id=self.id)
         message = user_message(text)
@@ -295,6 +306,7 @@ class Agent:
         Cancellation: the kernel's call contract per record (a target whose record was
         not appended keeps its messages).
         """
+        require_trio_task(self.id, "Agent.clear_inbox")
         dropped = 0
         async with self._inbox_lock:
             for target in ("next-step", "next-turn"):  # the reference's order
@@ -314,6 +326,7 @@ class Agent:
 
         Cancellation: as :meth:`run_turn`, for the turn running when it comes.
         """
+        require_trio_task(self.id, "Agent.run_queued")
         self._parked = False
         return await self._drain()
 
@@ -386,7 +399,12 @@ class Agent:
         Cancellation: :meth:`cancel` cancels the task (it sees ``trio.Cancelled``)
         and this raises :class:`AgentCancelledError` carrying the cause; cancelling
         the caller propagates ``Cancelled`` as usual.
+
+        Off the runtime's Trio thread (an asyncio task calling it directly, not through
+        the portal) it raises :class:`~harness.errors.RuntimeThreadError` before
+        anything changes.
         """
+        current = require_trio_task(self.id, "Agent.run_maintenance")
         if self.disposed:
             raise AgentDisposedError(f'agent "{self.id}" is disposed', session_id=self.id)
         if self._phase != "idle" or self._driver is not None:
@@ -396,7 +414,7 @@ class Agent:
         self._phase = "maintenance"
         self._idle = trio.Event()
         self._cause = None
-        self._turn_task = trio.lowlevel.current_task()
+        self._turn_task = current
         try:
             with trio.CancelScope() as scope:
                 self._scope = scope
@@ -427,12 +445,19 @@ class Agent:
         result. If the *caller* is cancelled, the turn is recorded as aborted (cause
         ``user`` unless one was given) in a shielded cleanup, then ``Cancelled``
         propagates. Either way ``turn/end`` is in the log before this returns.
+
+        Called off the runtime's Trio thread (from an asyncio task directly instead of
+        through ``portal.arun(agent.run_turn, ...)``) it raises
+        :class:`~harness.errors.RuntimeThreadError` before anything changes or is logged.
         """
         result = await self._run(user_message(text))
         assert result is not None  # a direct prompt is always claimed
         return result
 
     async def _run(self, prompt: dict[str, Any] | None) -> TurnResult | None:
+        # The Trio context is confirmed before anything changes: called from asyncio,
+        # a turn marked running here would never end (the agent refused as busy).
+        task = require_trio_task(self.id, "Agent.run_turn")
         if self.disposed:
             raise AgentDisposedError(f'agent "{self.id}" is disposed', session_id=self.id)
         if self.busy:
@@ -440,7 +465,7 @@ class Agent:
         self._phase = "turn"
         self._idle = trio.Event()
         self._cause = None
-        self._turn_task = trio.lowlevel.current_task()
+        self._turn_task = task
         turn = self._last_turn + 1
         self._last_turn = turn
         # The scope exists before the "running" notification: a listener that cancels

@@ -20,7 +20,7 @@ from harness.agent._compaction import AgentCompaction
 from harness.agent._hooks import Status
 from harness.agent._points import FaultPoints
 from harness.agent._tools import ToolSet
-from harness.agent._types import TurnResult, check_max_tokens
+from harness.agent._types import TurnResult, check_max_tokens, require_trio_task
 from harness.errors import HarnessError, SessionArgumentError, SessionOwnerClosedError
 from harness.persistence import CheckpointPolicy, Persistence, SessionPreparation
 from harness.providers import ModelProvider
@@ -118,7 +118,8 @@ class AgentHandle:
         return self.session.snapshot()
 
     async def run_turn(self, text: str) -> TurnResult:
-        """``agent.run_turn`` (see :meth:`Agent.run_turn` for the cancellation contract)."""
+        """``agent.run_turn`` (see :meth:`Agent.run_turn` for the cancellation contract;
+        off the runtime's Trio thread it raises :class:`~harness.errors.RuntimeThreadError`)."""
         return await self.agent.run_turn(text)
 
     async def dispose(self) -> None:
@@ -135,7 +136,12 @@ class AgentHandle:
 
         Called from inside the agent's own turn (a tool disposing its agent), it
         cancels the turn and returns at once (waiting there would wait for itself).
+
+        Off the runtime's Trio thread (an asyncio task calling it directly, not through
+        ``portal.arun(agent.dispose)``) it raises
+        :class:`~harness.errors.RuntimeThreadError` and the agent is left as it was.
         """
+        require_trio_task(self.id, "AgentHandle.dispose")
         await self._dispose(wait=not self.agent.in_turn())
 
     async def _dispose(self, *, wait: bool) -> None:
