@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
@@ -10,6 +11,7 @@ import trio.testing
 
 from harness.agent import (
     Agent,
+    AgentArgumentError,
     AgentBusyError,
     Call,
     ContextWindowExceededError,
@@ -150,6 +152,32 @@ async def test_caller_cancellation_still_logs_turn_end(autojump_clock: trio.test
         assert last(s, "turn/end")["reason"] == {"kind": "aborted", "reason": {"kind": "user"}}
         assert not agent.busy
         assert (await agent.run_turn("again")).turn == 2  # numbering continues
+
+
+@pytest.mark.parametrize("bad", [5, None, {"type": "text", "text": "hi"}, [{"type": "text", "text": "hi"}], b"hi"])
+async def test_a_prompt_that_is_not_a_str_is_refused_before_anything_is_logged(bad: Any) -> None:
+    # It used to be logged as a user/message {"type": "text", "text": <bad>}, which
+    # `harness sessions verify` then called ok.
+    async with open_store(validator_factory=RelationalInvariants) as store:
+        s = await store.create("p")
+        agent = Agent(s, ScriptedProvider([[Say("ok")]]))
+        before = len(s.events)
+        for method, call in [
+            ("run_turn", lambda: agent.run_turn(bad)),
+            ("send", lambda: agent.send(bad)),
+            ("send", lambda: agent.send(bad, delivery="inject")),
+        ]:
+            with pytest.raises(AgentArgumentError, match=rf'agent "p": {method} text must be a str, got .*{re.escape(repr(bad))}') as info:
+                await call()
+            assert (info.value.code, info.value.session_id) == ("INVALID_AGENT_ARGUMENT", "p")
+        with pytest.raises(AgentArgumentError, match=re.escape(repr(bad))):
+            agent.inject_nowait(bad)
+        await s.barrier()
+        assert len(s.events) == before and agent.inbox == {"next-step": (), "next-turn": ()}
+        assert (agent.status, agent.busy) == ("idle", False)
+        result = await agent.run_turn("a str still works")
+        assert (result.kind, result.turn) == ("completed", 1)
+        assert last(s, "user/message")["content"] == [{"type": "text", "text": "a str still works"}]
 
 
 async def test_one_turn_at_a_time_and_tool_concurrency_limit(autojump_clock: trio.testing.MockClock) -> None:

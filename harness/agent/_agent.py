@@ -223,7 +223,8 @@ class Agent:
         recorded only once it ends, so this call waits for it (in FIFO order); an
         inject is recorded at once (log-only, it reaches the surface at the next step).
 
-        The queue change is one durable ``agent/inbox/spliced`` record.
+        The queue change is one durable ``agent/inbox/spliced`` record. A ``text``
+        that is not a ``str`` raises :class:`AgentArgumentError` (nothing is queued).
 
         Cancellation: cancelled before the record was appended (also while waiting
         for maintenance to end), nothing is queued.
@@ -233,7 +234,7 @@ class Agent:
             raise AgentDisposedError(f'agent "{self.id}" is disposed', session_id=self.id)
         if delivery not in ("follow-up", "steer", "inject"):
             raise AgentArgumentError(f'agent send delivery must be "follow-up", "steer" or "inject", got {delivery!r}')
-        message = user_message(text)
+        message = user_message(text, session_id=self.id, method="send")
         target: Target = "next-turn" if delivery == "follow-up" else "next-step"
         if delivery == "inject":
             await self._record_send(target, message, delivery)
@@ -265,7 +266,8 @@ class Agent:
         another inbox change is being recorded at this moment, the record is written
         right after it, by a task in the agent's nursery (FIFO with other sends).
 
-        Raises :class:`AgentDisposedError`, ``SessionNotLiveError`` (stale session), and
+        Raises :class:`AgentDisposedError`, :class:`AgentArgumentError` (``text`` not
+        a ``str``), ``SessionNotLiveError`` (stale session), and
         :class:`AgentBusyError` when a record is in flight and the agent has no nursery
         to defer to (then nothing is queued); :class:`~harness.errors.RuntimeThreadError`
         off the runtime's Trio thread (nothing is queued).
@@ -273,7 +275,7 @@ class Agent:
         require_trio_thread(self.id, "Agent.inject_nowait")
         if self.disposed:
             raise AgentDisposedError(f'agent "{self.id}" is disposed', session_id=self.id)
-        message = user_message(text)
+        message = user_message(text, session_id=self.id, method="inject_nowait")
         if self._inbox_lock.locked():
             if self._nursery is None:
                 raise AgentBusyError(
@@ -439,7 +441,8 @@ class Agent:
 
         The prompt goes through the inbox like any message (``agent/inbox/spliced``
         inserting it, ``turn/start``, the claim), then runs now, ahead of queued
-        work.
+        work. ``text`` is a ``str`` (the message's one text part); anything else raises
+        :class:`AgentArgumentError` naming the value, before anything is logged.
 
         Cancellation: :meth:`cancel` ends the turn as ``aborted`` and this returns the
         result. If the *caller* is cancelled, the turn is recorded as aborted (cause
@@ -450,7 +453,7 @@ class Agent:
         through ``portal.arun(agent.run_turn, ...)``) it raises
         :class:`~harness.errors.RuntimeThreadError` before anything changes or is logged.
         """
-        result = await self._run(user_message(text))
+        result = await self._run(user_message(text, session_id=self.id, method="run_turn"))
         assert result is not None  # a direct prompt is always claimed
         return result
 

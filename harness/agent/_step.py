@@ -12,6 +12,7 @@ from typing import Any
 import trio
 
 from actors import ActorError
+from harness.agent._types import AgentArgumentError
 from harness.errors import HarnessError
 from harness.providers import (
     Finish,
@@ -263,7 +264,14 @@ def turn_started(s: SessionHandle, turn: int) -> bool:
     return False
 
 
-def user_message(text: str) -> dict[str, Any]:
+def user_message(text: str, *, session_id: str, method: str) -> dict[str, Any]:
+    """A user message of ``text``; :class:`AgentArgumentError` (naming the value) for a
+    ``text`` that is not a ``str``, before anything is queued or logged."""
+    if not isinstance(text, str):
+        raise AgentArgumentError(
+            f'agent "{session_id}": {method} text must be a str, got {type(text).__name__} {text!r}',
+            session_id=session_id,
+        )
     return {"id": str(uuid.uuid4()), "role": "user", "content": [{"type": "text", "text": text}], "source": {"kind": "user"}}
 
 
