@@ -17,6 +17,7 @@ import math
 import os
 from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
+from pathlib import Path
 from typing import Any, Literal, final
 
 import attrs
@@ -48,7 +49,8 @@ _BACKEND_METHODS = ("list_headers", "load", "append", "materialize", "acquire_wr
 class RuntimeConfigError(HarnessError, ValueError):
     """:func:`open_runtime` was given arguments it cannot make a runtime of (an
     unknown ``backend``, a backend name without a ``root``, a backend instance
-    together with a ``root``, a negative ``write_delay``, ...), or
+    together with a ``root``, an empty ``root``, a JSONL root that is a regular file,
+    a negative ``write_delay``, ...), or
     :func:`harness.testing.open_test_runtime` an unknown backend kind. Raised when the
     block is entered, before anything opens; the message names the value at fault.
     """
@@ -263,6 +265,23 @@ class Runtime:
         return self.store.warnings
 
 
+def _check_jsonl_root(root: Path, given: object) -> None:
+    """Refuse a JSONL root that is not a directory and cannot become one: the root, or
+    the nearest of its ancestors that exists, is not a directory (a regular file). A
+    root that does not exist yet is fine (the first write creates it). Blocking (it
+    stats the path): :func:`open_runtime` runs it on a worker thread."""
+    for path in (root, *root.parents):
+        if path.exists():
+            if path.is_dir():
+                return
+            what = "a file" if path.is_file() else "not a directory"
+            where = "" if path == root else "its ancestor "
+            raise RuntimeConfigError(
+                f"root {given!r}: a JSONL root must be a directory, and {where}{str(path)!r} is {what} "
+                '(a SQLite database file takes backend="sqlite"); nothing was opened'
+            )
+
+
 def _backend(
     root: str | os.PathLike[str] | None, backend: BackendName | Backend | None, files: OsFiles | None = None
 ) -> Backend | None:
@@ -357,7 +376,12 @@ async def open_runtime(
     * ``backend=<a Backend instance>`` (e.g. ``JsonlBackend(root, compression="zstd")``)
       — used as is; ``root`` must then be ``None``.
 
-    Anything else raises :class:`RuntimeConfigError` on entry, before anything opens.
+    Anything else raises :class:`RuntimeConfigError` on entry, before anything opens;
+    so does an empty ``root`` (``""`` would be the current directory) and a JSONL root
+    that is not a directory and cannot become one (a regular file, or a path under
+    one): a root that does not exist yet is created by the first write. That check
+    stats the path on a worker thread; cancelled meanwhile, the entry waits for the
+    stat, then ``Cancelled`` propagates with nothing opened.
 
     ``write_delay``: how long (seconds, a finite number >= 0) persistence batches
     appends before writing them; anything else is a :class:`RuntimeConfigError`.
@@ -399,11 +423,17 @@ async def open_runtime(
     validator = _validator(invariants)
     if root is not None and not isinstance(root, (str, os.PathLike)):
         raise RuntimeConfigError(f"root must be a path (a str or an os.PathLike), got {root!r}")
+    if root is not None and not os.fspath(root):
+        # Path("") is the current directory: never what an empty setting meant.
+        raise RuntimeConfigError(f"root must be a non-empty path, got {root!r} (None for an in-memory runtime)")
     chosen = _backend(root, backend, files)
     if type(shutdown_grace) not in (int, float) or not shutdown_grace > 0:
         raise RuntimeConfigError(f"shutdown_grace must be a positive number of seconds, got {shutdown_grace!r}")
     if type(write_delay) not in (int, float) or not 0 <= write_delay < math.inf:
         raise RuntimeConfigError(f"write_delay must be a finite number of seconds >= 0, got {write_delay!r}")
+    if isinstance(chosen, JsonlBackend):
+        # On a worker thread: a stat is blocking work, never done on the Trio thread.
+        await trio.to_thread.run_sync(_check_jsonl_root, chosen.root, chosen.root if root is None else root)
     # The guard keeps the layers' actors and tasks out of reach of a scope enclosing
     # this block: cancelled together with the body, a session actor would be gone
     # before the body's turn could log its turn/end (the log left with an open turn).

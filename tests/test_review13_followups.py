@@ -232,6 +232,45 @@ async def test_an_unknown_test_backend_is_a_runtime_config_error(tmp_path: Path)
     assert info.value.code == "RUNTIME_CONFIG" and isinstance(info.value, ValueError)
 
 
+@pytest.mark.parametrize("kind", ["file", "under-a-file", "instance", "empty", "empty-sqlite"])
+async def test_a_jsonl_root_that_cannot_be_a_directory_is_a_runtime_config_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str
+) -> None:
+    # It used to enter, create, then fail the turn (FLUSH_FAILED "Not a directory") and
+    # the close (PersistenceCloseError); "" wrote into the current directory.
+    from harness import _runtime_api
+    from harness.persistence import JsonlBackend
+
+    checked_on_trio: list[bool] = []
+    check = _runtime_api._check_jsonl_root
+
+    def spy(root: Path, given: object) -> None:
+        checked_on_trio.append(trio.lowlevel.in_trio_run())
+        check(root, given)
+
+    monkeypatch.setattr(_runtime_api, "_check_jsonl_root", spy)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "afile").write_text("not a directory\n")
+    before = sorted(p.name for p in tmp_path.iterdir())
+    root: Any = {"file": tmp_path / "afile", "under-a-file": str(tmp_path / "afile" / "sub")}.get(kind, "")
+    backend: Any = {"instance": JsonlBackend(tmp_path / "afile"), "empty-sqlite": "sqlite"}.get(kind)
+    if kind == "instance":
+        root = None
+    with pytest.raises(harness.RuntimeConfigError) as info:
+        async with harness.open_runtime(root, backend, provider=ScriptedProvider([[Say("x")]])):
+            pass  # pragma: no cover
+    assert info.value.code == "RUNTIME_CONFIG"
+    if kind.startswith("empty"):
+        assert str(info.value) == "root must be a non-empty path, got '' (None for an in-memory runtime)"
+    else:
+        assert f"{str(tmp_path / 'afile')!r} is a file" in str(info.value)
+        assert ("its ancestor" in str(info.value)) == (kind == "under-a-file")
+        assert checked_on_trio == [False]  # the stat ran on a worker thread
+    assert sorted(p.name for p in tmp_path.iterdir()) == before  # nothing created
+    async with harness.open_runtime(tmp_path / "new" / "root", provider=ScriptedProvider([[Say("x")]])) as rt:
+        assert (await (await rt.create("a")).run_turn("hi")).kind == "completed"  # a root yet to exist is fine
+
+
 @pytest.mark.parametrize("bad", [-1, -0.5, float("nan"), float("inf"), "0.2", True, None])
 async def test_an_invalid_write_delay_is_a_runtime_config_error(tmp_path: Path, bad: object) -> None:
     with pytest.raises(harness.RuntimeConfigError, match="write_delay") as info:
