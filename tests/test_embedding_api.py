@@ -147,6 +147,23 @@ async def test_runtime_and_agent_handle_reads() -> None:
         assert roles == ["user", "assistant"] and h.snapshot() is h.session.snapshot()
 
 
+async def test_the_agent_handle_has_the_hooks_docs_agent_md_registers_on(tmp_path: Path) -> None:
+    # docs/agent.md says agent.hooks.on_checkpoint(listener); the AgentHandle rt.create
+    # returns had no .hooks (only handle.agent.hooks).
+    points: list[tuple[str, int]] = []
+    statuses: list[Status] = []
+    async with harness.open_runtime(tmp_path, provider=ScriptedProvider([[Say("one")], [Say("two")]])) as rt:
+        h = await rt.create("a")
+        assert h.hooks is h.agent.hooks
+        remove = h.hooks.on_checkpoint(lambda c: points.append((c.point, c.turn)))
+        h.hooks.on_status(lambda agent, status: statuses.append(status))
+        await h.run_turn("hi")
+        assert points == [("step", 1), ("model-request", 1)] and statuses == ["running", "idle"]
+        remove()
+        await h.run_turn("again")
+        assert points == [("step", 1), ("model-request", 1)]  # unsubscribed
+
+
 # -- 2. registration APIs ----------------------------------------------------------------
 
 

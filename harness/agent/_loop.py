@@ -17,7 +17,7 @@ from actors import Lifetime, LifetimeClosedError, Owner, bind_all, run_abandonab
 from harness.agent._agent import Agent
 from harness.agent._commands import Commands, install_compact_command
 from harness.agent._compaction import AgentCompaction
-from harness.agent._hooks import Status
+from harness.agent._hooks import AgentHooks, Status
 from harness.agent._points import FaultPoints
 from harness.agent._tools import ToolSet
 from harness.agent._types import TurnResult, check_max_tokens, require_trio_task
@@ -116,6 +116,14 @@ class AgentHandle:
     def snapshot(self) -> SessionSnapshot:
         """The agent's session snapshot (:meth:`SessionHandle.snapshot`)."""
         return self.session.snapshot()
+
+    @property
+    def hooks(self) -> AgentHooks:
+        """The agent's hooks, :attr:`Agent.hooks` itself (``handle.hooks is
+        handle.agent.hooks``): ``on_pre_step``, ``on_request_error``, ``on_checkpoint``,
+        ``on_status``, each returning its unsubscribe (docs/agent.md). Register on the
+        runtime's Trio thread (from asyncio, through the portal's ``run_sync``)."""
+        return self.agent.hooks
 
     async def run_turn(self, text: str) -> TurnResult:
         """``agent.run_turn`` (see :meth:`Agent.run_turn` for the cancellation contract;
