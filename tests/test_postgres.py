@@ -569,3 +569,24 @@ def test_an_append_locks_the_session_and_reads_its_tail_in_one_statement(make: A
     assert not any(s.startswith("SELECT header") for s in ran)  # no lock of its own
     b.append("s", events(5, 1), lease=lease)
     assert [r["seq"] for r in b.load("s").records] == list(range(6))
+
+
+def test_an_unreachable_server_is_refused_at_once_with_its_reason(caplog: pytest.LogCaptureFixture) -> None:
+    # A new user's wrong URL: the pool waited out its 30 s timeout, logging one warning
+    # per background retry, and the error said only "no connection to the server".
+    probe = socket.socket()
+    probe.bind(("127.0.0.1", 0))
+    port = probe.getsockname()[1]
+    probe.close()  # nothing listens there now: connections are refused
+    backend = PostgresBackend.from_url(f"postgresql://nobody@127.0.0.1:{port}/nowhere#lost")
+    try:
+        with caplog.at_level("WARNING"), pytest.raises(StorageIOError) as caught:
+            backend.list_headers()
+        message = str(caught.value)
+        assert 'PostgreSQL schema "lost": connecting to the server failed' in message
+        assert "refused" in message.lower() and str(port) in message
+        assert [r.getMessage() for r in caplog.records if r.name.startswith("psycopg")] == []
+        with pytest.raises(StorageIOError):  # not opened: the next call tries again
+            backend.list_headers()
+    finally:
+        backend.close()

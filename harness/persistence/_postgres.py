@@ -112,7 +112,12 @@ class PostgresBackend:
     lease stays valid without a write or a renewal; the keeper renews held leases
     every ``lease_ttl / 3``. ``host``: the holder's host name in lease rows (default
     the machine's; a distinct name makes this backend a separate "host"). ``pool_size``
-    and ``pool_timeout`` size the pool and bound the wait for a connection.
+    and ``pool_timeout`` size the pool and bound the wait for a connection. Nothing
+    connects at construction; the first use connects once directly before opening the
+    pool, so a server that cannot be reached is a
+    :class:`~harness.errors.StorageIOError` at once, with the driver's reason
+    (``Connection refused``, a bad password), not after ``pool_timeout``; that first
+    use is tried again by the next call.
     ``faults``: a statement hook for fault injection. ``create=False``: refuse a schema
     that does not exist yet instead of creating it. ``idle_timeout``: seconds the server
     lets a transaction of this backend sit idle (a stopped process holding row locks)

@@ -83,18 +83,20 @@ class PgConnections:
             for stmt in settings:
                 conn.execute(stmt)
 
+        self._url = url
+        self._kwargs: dict[str, Any] = {
+            "autocommit": True,  # transactions are explicit BEGIN ... COMMIT
+            "application_name": application_name,
+            "connect_timeout": 10,
+            # A partitioned server is noticed in ~25 s instead of the OS's hours.
+            "keepalives": 1,
+            "keepalives_idle": 10,
+            "keepalives_interval": 5,
+            "keepalives_count": 3,
+        }
         self.pool = ConnectionPool(
             url,
-            kwargs={
-                "autocommit": True,  # transactions are explicit BEGIN ... COMMIT
-                "application_name": application_name,
-                "connect_timeout": 10,
-                # A partitioned server is noticed in ~25 s instead of the OS's hours.
-                "keepalives": 1,
-                "keepalives_idle": 10,
-                "keepalives_interval": 5,
-                "keepalives_count": 3,
-            },
+            kwargs=self._kwargs,
             min_size=1,
             max_size=pool_size,
             open=False,  # opened on first use, on a worker thread: no I/O here
@@ -115,6 +117,7 @@ class PgConnections:
             if self._closed:
                 raise StorageIOError(f"PostgreSQL backend for schema \"{self.schema}\" is closed")
             if not self._opened:
+                self._probe()
                 self.pool.open(wait=False)
                 self._opened = True
             if self.store_id is None:
@@ -123,6 +126,18 @@ class PgConnections:
                         lambda sql, params: self.rows(conn, sql, params), self.schema, create=self._create
                     )
             return self.store_id
+
+    def _probe(self) -> None:
+        """One direct connection before the pool first opens. A server that cannot be
+        reached at all is then refused at once, with the driver's reason (``connection
+        refused``, an unknown host, a bad password), instead of after the pool's
+        ``pool_timeout`` with a warning logged for each of its background retries. Once
+        the pool is open, it reconnects by itself (a server restart)."""
+        try:
+            conn = psycopg.connect(self._url, **self._kwargs)
+        except psycopg.Error as exc:
+            raise self.io_error(None, "connecting to the server", exc) from exc
+        conn.close()
 
     def exec(self, conn: Connection[Any], sql: str, params: Sequence[Any] = ()) -> psycopg.Cursor[Any]:
         faults = self.faults
