@@ -25,6 +25,7 @@ import trio
 
 from actors import Owner, open_guard
 from harness._open import OpenGate, get_or_create, live_agent
+from harness._paths import blocking_file
 from harness.agent._compaction import AgentCompaction
 from harness.agent._loop import AgentHandle, AgentLoop, Setup, open_agent_loop
 from harness.agent._tools import ToolSet
@@ -270,16 +271,14 @@ def _check_jsonl_root(root: Path, given: object) -> None:
     the nearest of its ancestors that exists, is not a directory (a regular file). A
     root that does not exist yet is fine (the first write creates it). Blocking (it
     stats the path): :func:`open_runtime` runs it on a worker thread."""
-    for path in (root, *root.parents):
-        if path.exists():
-            if path.is_dir():
-                return
-            what = "a file" if path.is_file() else "not a directory"
-            where = "" if path == root else "its ancestor "
-            raise RuntimeConfigError(
-                f"root {given!r}: a JSONL root must be a directory, and {where}{str(path)!r} is {what} "
-                '(a SQLite database file takes backend="sqlite"); nothing was opened'
-            )
+    path = blocking_file(root)
+    if path is not None:
+        what = "a file" if path.is_file() else "not a directory"
+        where = "" if path == root else "its ancestor "
+        raise RuntimeConfigError(
+            f"root {given!r}: a JSONL root must be a directory, and {where}{str(path)!r} is {what} "
+            '(a SQLite database file takes backend="sqlite"); nothing was opened'
+        )
 
 
 def _backend(

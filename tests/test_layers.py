@@ -27,6 +27,7 @@ PACKAGES = ("actors", "harness")
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("actors",),  # the domain-free actor kernel: never imports harness/
     ("harness.errors",),  # one exception hierarchy, below everything that raises
+    ("harness._paths",),  # path checks (stdlib only), shared by the front door and the CLI
     ("harness.session",),  # the pure synchronous core
     ("harness.providers",),  # the model-provider protocol (no runtime)
     ("harness.compaction",),  # meter, selection, summarizer: over session + providers

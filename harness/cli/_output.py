@@ -33,18 +33,6 @@ def default_root() -> Path:
     return Path(base) / "trio-harness" / "sessions"
 
 
-def blocking_file(path: Path) -> Path | None:
-    """What keeps ``path`` from being (or becoming) a directory: ``path`` itself, or its
-    nearest existing ancestor, when that is not a directory; ``None`` when ``path`` is a
-    directory or can be created as one."""
-    p = path
-    while not p.exists() and not p.is_symlink():  # a dangling symlink blocks too
-        if p.parent == p:
-            return None
-        p = p.parent
-    return None if p.is_dir() else p
-
-
 def is_terminal(stream: IO[str]) -> bool:
     try:
         return stream.isatty()

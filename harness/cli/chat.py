@@ -125,7 +125,7 @@ def run(args: argparse.Namespace, *, stdout: TextIO | None = None, stdin_fd: int
             )
             return 2
     root = Path(args.root).expanduser() if args.root else default_root()
-    from harness.cli._output import blocking_file
+    from harness._paths import blocking_file
 
     blocked = blocking_file(root)
     if blocked is not None:

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import click
 
-from harness.cli._output import CONTEXT, blocking_file
+from harness._paths import blocking_file
+from harness.cli._output import CONTEXT
 
 EXIT_USAGE = 2  # the exit codes of docs/cli.md (harness sessions' table)
 EXIT_REFUSED = 6
